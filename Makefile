@@ -1,0 +1,31 @@
+# fedsmix: `make run` runs the default experiment, `make test` runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+PRESET ?= configs/quickstart.yaml
+PARTIES ?= 10
+PYTEST_ARGS ?=
+export FLWR_HOME ?= $(CURDIR)/.flwr
+export RAY_TMPDIR ?= /tmp/ray
+export RAY_USAGE_STATS_ENABLED ?= 0
+
+.PHONY: run test test-fast smoke clean-runs
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev,efficientnet]"
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m fedsmix run --preset $(PRESET) --parties $(PARTIES)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+clean-runs:
+	rm -rf runs .flwr

@@ -1,0 +1,1 @@
+"""Party side: Flower ClientApp handlers (thin wrappers around the fedsmix library)."""

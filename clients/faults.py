@@ -1,0 +1,91 @@
+"""Fault injection for tests and demos, configured by the run setting `fault`.
+
+`fault = "raise:1;timeout:2;nan:3"` makes party 1 raise, party 2 stall past the reply
+timeout and party 3 upload NaNs. Corruptions exercise the server's upload validation
+through the real message path; they never touch honest parties.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+FAILURES = ("raise", "timeout")
+CORRUPTIONS = (
+    "nan", "inf", "shape", "dtype", "negative-labels", "label-sum", "class-count", "empty",
+    "oversized", "duplicate", "missing-key", "extra-key", "count-mismatch",
+)
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def parse(spec: str) -> dict[str, set[int]]:
+    faults: dict[str, set[int]] = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        kind, _, parties = part.partition(":")
+        if kind not in FAILURES + CORRUPTIONS:
+            raise ValueError(f"fault: unknown kind {kind!r} in {spec!r}; allowed: {', '.join(FAILURES + CORRUPTIONS)}")
+        try:
+            faults.setdefault(kind, set()).update(int(p) for p in parties.split(",") if p.strip())
+        except ValueError:
+            raise ValueError(f"fault: party ids must be integers in {spec!r}") from None
+    return faults
+
+
+def maybe_fail(spec: str, party: int, phase: str, timeout: float) -> None:
+    """Raise, or stall past the server's reply timeout, when this party is listed."""
+    if not spec:
+        return
+    faults = parse(spec)
+    if party in faults.get("raise", ()):
+        raise InjectedFault(f"party {party}: injected fault during {phase}")
+    if party in faults.get("timeout", ()):
+        time.sleep(timeout + 5.0)
+        raise InjectedFault(f"party {party}: injected timeout during {phase}")
+
+
+def corruption(spec: str, party: int) -> str | None:
+    if not spec:
+        return None
+    for kind, parties in parse(spec).items():
+        if kind in CORRUPTIONS and party in parties:
+            return kind
+    return None
+
+
+def corrupt(kind: str, arrays: dict[str, np.ndarray], metrics: dict) -> tuple[dict[str, np.ndarray], dict]:
+    """Return a dishonest version of an upload (a copy: the honest one is untouched)."""
+    x, y, metrics = arrays["x"].copy(), arrays["y"].copy(), dict(metrics)
+    extra: dict[str, np.ndarray] = {}
+    if kind == "nan":
+        x.reshape(-1)[0] = np.nan
+    elif kind == "inf":
+        x.reshape(-1)[-1] = np.inf
+    elif kind == "shape":
+        x = x.reshape(len(x), -1)[:, :-1].copy()
+    elif kind == "dtype":
+        x = x.astype(np.float64)
+    elif kind == "negative-labels":
+        y[0, 0], y[0, 1] = -0.5, y[0, 1] + 0.5 + y[0, 0]
+    elif kind == "label-sum":
+        y = y * 2.0
+    elif kind == "class-count":
+        y = np.concatenate([y, np.zeros((len(y), 1), y.dtype)], axis=1)
+    elif kind == "empty":
+        x, y = x[:0], y[:0]
+        metrics["num-examples"] = 0
+    elif kind == "oversized":
+        x, y = np.concatenate([x] * 64), np.concatenate([y] * 64)
+        metrics["num-examples"] = len(x)
+    elif kind == "duplicate":
+        metrics["party"] = 0  # claims to be party 0
+    elif kind == "missing-key":
+        return {"x": x}, metrics
+    elif kind == "extra-key":
+        extra["rows"] = np.arange(len(x), dtype=np.float32)  # would leak row indices
+    elif kind == "count-mismatch":
+        metrics["num-examples"] = len(x) + 1
+    return {"x": x, "y": y, **extra}, metrics

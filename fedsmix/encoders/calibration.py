@@ -1,0 +1,80 @@
+"""Theorem 4.2: choose the noise radius r = m_f * D from a privacy target tau.
+
+V = E||X||^2 on centred data, D = E||X - X'||, c = D^2 / (2V);
+m_f = sqrt((alpha^2 / (tau (1 - alpha)^2) - 1) / (2c)), or 0 when the root is negative.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DataStatistics:
+    V: float  # mean squared norm of the centred samples
+    D: float  # mean distance between two distinct samples
+    c: float  # D^2 / (2V), in (0, 1] up to sampling error
+    n: int
+
+
+@dataclass(frozen=True)
+class Calibration:
+    tau: float
+    alpha: float
+    V: float
+    D: float
+    c: float
+    m_f: float
+    radius: float
+    snr_bound: float  # alpha^2 / ((1 - alpha)^2 (1 + 2 c m_f^2)), the theorem's bound for this r
+    mode: str = "theorem"
+
+    def as_dict(self) -> dict[str, float | str]:
+        return asdict(self)
+
+
+def data_statistics(x: torch.Tensor, generator: torch.Generator, max_pairs: int = 20000) -> DataStatistics:
+    """Estimate V and D from a party's own samples (any shape; rows are samples)."""
+    flat = x.reshape(len(x), -1).double()
+    n = len(flat)
+    if n < 2:
+        raise ValueError(f"calibration needs at least 2 samples, got {n}")
+    centred = flat - flat.mean(dim=0, keepdim=True)
+    V = centred.pow(2).sum(dim=1).mean().item()
+    pairs = min(max_pairs, n * (n - 1))
+    i = torch.randint(0, n, (pairs,), generator=generator)
+    j = (i + torch.randint(1, n, (pairs,), generator=generator)) % n  # j != i
+    D = 0.0
+    for start in range(0, pairs, 4096):  # chunked: pairs x d can be large
+        a, b = i[start : start + 4096], j[start : start + 4096]
+        D += (flat[a] - flat[b]).norm(dim=1).sum().item()
+    D /= pairs
+    return DataStatistics(V=V, D=D, c=D * D / (2 * V) if V > 0 else 1.0, n=n)
+
+
+def noise_multiplier(tau: float, alpha: float, c: float) -> float:
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    inner = (alpha**2 / (tau * (1 - alpha) ** 2) - 1) / (2 * c)
+    return math.sqrt(inner) if inner > 0 else 0.0
+
+
+def snr_bound(alpha: float, c: float, m_f: float) -> float:
+    return alpha**2 / ((1 - alpha) ** 2 * (1 + 2 * c * m_f**2))
+
+
+def calibrate(stats: DataStatistics, tau: float, alpha: float) -> Calibration:
+    """Theorem mode: r = m_f(tau, alpha, c) * D."""
+    m_f = noise_multiplier(tau, alpha, stats.c)
+    return Calibration(tau, alpha, stats.V, stats.D, stats.c, m_f, m_f * stats.D, snr_bound(alpha, stats.c, m_f))
+
+
+def fixed_radius(stats: DataStatistics, radius: float, tau: float, alpha: float, mode: str = "fixed") -> Calibration:
+    """A radius chosen elsewhere, reported with its effective m_f = r / D and bound."""
+    m_f = radius / stats.D if stats.D > 0 else 0.0
+    return Calibration(tau, alpha, stats.V, stats.D, stats.c, m_f, radius, snr_bound(alpha, stats.c, m_f), mode)

@@ -1,0 +1,63 @@
+"""InstaHide (Huang et al. 2020): mix k images, then flip the sign of every pixel at random.
+
+Inside-dataset: k private images. Cross-dataset: 2 private + (k-2) public images, the two
+private coefficients summing to at least `private_min`; labels come from private images
+only (renormalised to sum 1 so they stay a distribution).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Encoded
+from .mixup import mix_sources, weighted_sum
+from .singularized import sample_weights
+
+
+def sign_masks(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """A fresh +-1 mask per encoded image and pixel (Definition 3.1)."""
+    return torch.randint(0, 2, shape, generator=generator).mul_(2).sub_(1).float()
+
+
+def _cross_weights(n: int, k: int, cap: float, private_min: float, generator: torch.Generator) -> torch.Tensor:
+    weights = torch.empty(n, k)
+    todo = torch.arange(n)
+    while len(todo):
+        draw = sample_weights(len(todo), cap, generator, k=k)
+        ok = draw[:, :2].sum(dim=1) >= private_min
+        weights[todo[ok]] = draw[ok]
+        todo = todo[~ok]
+    return weights
+
+
+def instahide(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    k: int,
+    cap: float,
+    generator: torch.Generator,
+    public: torch.Tensor | None = None,
+    private_min: float = 0.3,
+) -> Encoded:
+    n = len(x)
+    if public is None:  # inside-dataset
+        sources = mix_sources(n, k, generator)
+        weights = sample_weights(n, cap, generator, k=k)
+        mixed = weighted_sum(x, sources, weights)
+        y_enc = (weights.unsqueeze(-1).to(y.dtype) * y[sources]).sum(dim=1)
+        public_sources = None
+    else:
+        if k < 3:
+            raise ValueError(f"cross-dataset InstaHide mixes 2 private and k-2 >= 1 public images; got k={k}")
+        if public.shape[1:] != x.shape[1:]:
+            raise ValueError(f"public pool shape {tuple(public.shape[1:])} differs from private {tuple(x.shape[1:])}")
+        private = mix_sources(n, 2, generator)
+        pub = torch.randint(0, len(public), (n, k - 2), generator=generator)
+        weights = _cross_weights(n, k, cap, private_min, generator)
+        mixed = weighted_sum(x, private, weights[:, :2]) + weighted_sum(public, pub, weights[:, 2:])
+        private_mass = weights[:, :2].sum(dim=1, keepdim=True)
+        y_enc = (weights[:, :2].unsqueeze(-1).to(y.dtype) * y[private]).sum(dim=1) / private_mass.to(y.dtype)
+        sources = torch.cat([private, torch.full((n, k - 2), -1, dtype=torch.long)], dim=1)
+        public_sources = torch.cat([torch.full((n, 2), -1, dtype=torch.long), pub], dim=1)
+    signs = sign_masks(tuple(mixed.shape), generator).to(mixed.dtype)
+    return Encoded(x=signs * mixed, y=y_enc, weights=weights, sources=sources, signs=signs, public_sources=public_sources)

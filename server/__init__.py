@@ -1,0 +1,1 @@
+"""Server side: the ServerApp, upload validation and storage, results, and the adversary."""

@@ -1,0 +1,63 @@
+"""results.json and the table printed at the end of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fedsmix.runs import atomic_write_json
+
+
+def write(run_dir: Path, results: dict[str, Any]) -> Path:
+    path = run_dir / "results.json"
+    atomic_write_json(path, results)
+    return path
+
+
+def _pct(value: Any) -> str:
+    return f"{100 * value:.2f}" if isinstance(value, float) else "-"
+
+
+def render(results: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console(width=140, force_terminal=False)
+    table = Table(title=f"fedsmix results ({results.get('settings', {}).get('dataset')}, {results.get('num-parties')} parties)")
+    for col in ("strategy", "test acc %", "party 0 %", "mean/min/max party %", "parties used", "dropped", "rejected", "bytes up/party", "wall s"):
+        table.add_column(col, justify="right" if col != "strategy" else "left")
+    for name, res in results.get("strategies", {}).items():
+        if "error" in res:
+            table.add_row(name, "failed", "", "", "", "", "", "", "", style="red")
+            continue
+        per_party = res.get("per-party-accuracy") or {}
+        spread = (
+            f"{_pct(res.get('mean-party-accuracy'))}/{_pct(res.get('min-party-accuracy'))}/{_pct(res.get('max-party-accuracy'))}"
+            if per_party
+            else "-"
+        )
+        table.add_row(
+            name,
+            _pct(res.get("accuracy")),
+            _pct(res.get("party0-accuracy")),
+            spread,
+            str(res.get("parties-used", "-")),
+            str(len(res.get("dropped", []))),
+            str(len(res.get("rejected", []))),
+            f"{res.get('mean-bytes-up-per-party', 0):,.0f}",
+            f"{res.get('wall-seconds', 0):.1f}",
+        )
+    console.print(table)
+    mix = results.get("strategies", {}).get("mixup-union", {})
+    if mix.get("parties"):
+        cal = Table(title="mixup-union: calibration per party (Theorem 4.2)")
+        for col in ("party", "n", "D", "c", "m_f", "r", "SNR bound", "SNR measured"):
+            cal.add_column(col, justify="right")
+        for party, p in sorted(mix["parties"].items(), key=lambda kv: int(kv[0])):
+            cal.add_row(
+                str(party), str(p["num-examples"]), f"{p['D']:.3g}", f"{p['c']:.3f}", f"{p['m-f']:.4g}", f"{p['radius']:.4g}",
+                f"{p['snr-bound']:.2e}", f"{p['snr-empirical']:.2e}",
+            )
+        console.print(cal)
+    if results.get("run-dir"):
+        console.print(f"results: {Path(results['run-dir']) / 'results.json'}")

@@ -1,0 +1,36 @@
+"""Bytes on the wire, counted from the actual Flower messages (every object Flower ships)."""
+
+from __future__ import annotations
+
+from flwr.app import Message
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+
+def message_nbytes(msg: Message) -> int:
+    """Sum of the serialised sizes of the message and all objects nested in it."""
+    return sum(len(obj.deflate()) for obj in get_all_nested_objects(msg).values())
+
+
+class CountingGrid:
+    """A Grid that counts the bytes of every message it sends and receives, per node.
+
+    Flower's strategies call `grid.send_and_receive` themselves; wrapping the grid is the
+    one place that sees all traffic, whatever the strategy.
+    """
+
+    def __init__(self, grid, to_node: dict[int, int], from_node: dict[int, int]):
+        self._grid = grid
+        self.to_node = to_node
+        self.from_node = from_node
+
+    def __getattr__(self, name):
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        for msg in messages:
+            self.to_node[msg.metadata.dst_node_id] += message_nbytes(msg)
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        for reply in replies:
+            self.from_node[reply.metadata.src_node_id] += message_nbytes(reply)
+        return replies

@@ -1,0 +1,29 @@
+"""Non-private upper bound: the server trains on the raw union of the training split.
+
+No party is involved; it answers "what would pooling the data in the clear give?".
+"""
+
+from __future__ import annotations
+
+import time
+
+from fedsmix import data as datalib
+from fedsmix.pipeline import load_train_all, mixing_shape, test_accuracy, train_classifier
+from server.context import RunContext
+
+
+def run(ctx: RunContext) -> dict:
+    s, t0 = ctx.settings, time.perf_counter()
+    x, labels = load_train_all(s)
+    num_classes = datalib.spec(s.dataset).num_classes
+    model, report = train_classifier(s, x, datalib.one_hot(labels, num_classes), mixing_shape(s), num_classes, ctx.device, purpose="centralized")
+    metrics = test_accuracy(model, ctx.test_set(), ctx.device)
+    return {
+        "accuracy": metrics["accuracy"],
+        "test-loss": metrics["loss"],
+        "train-size": len(labels),
+        "train-seconds": report.seconds,
+        "wall-seconds": time.perf_counter() - t0,
+        "dropped": [],
+        "rejected": [],
+    }

@@ -1,0 +1,46 @@
+"""Local-only baseline: each party trains the same initial model on its own data alone."""
+
+from __future__ import annotations
+
+import time
+
+from flwr.app import ArrayRecord, Message, MessageType, RecordDict
+
+from fedsmix import data as datalib
+from fedsmix.pipeline import mixing_shape, new_classifier, test_accuracy
+from server.context import RunContext
+from strategies.common import bytes_summary, require_parties, settings_config, split_replies
+
+
+def run(ctx: RunContext) -> dict:
+    s, t0 = ctx.settings, time.perf_counter()
+    nodes = ctx.nodes()
+    num_classes = datalib.spec(s.dataset).num_classes
+    model = new_classifier(s, mixing_shape(s), num_classes)
+    initial = ArrayRecord(model.state_dict())
+    config = settings_config(ctx, mode="local-only")
+    messages = [
+        Message(RecordDict({"arrays": initial, "config": config}), dst_node_id=node, message_type=MessageType.TRAIN)
+        for node in nodes
+    ]
+    ok, dropped = split_replies(ctx.send_and_receive(messages), nodes, s.reply_timeout)
+    accuracy = {}
+    for reply in ok:
+        party = int(reply.content["metrics"]["party"])
+        model.load_state_dict(reply.content["arrays"].to_torch_state_dict())
+        accuracy[party] = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]
+    require_parties(ctx, len(accuracy), "local-only")
+    values = list(accuracy.values())
+    return {
+        "accuracy": accuracy.get(0),  # the paper's baseline is party 0
+        "party0-accuracy": accuracy.get(0),
+        "per-party-accuracy": {str(p): a for p, a in sorted(accuracy.items())},
+        "mean-party-accuracy": sum(values) / len(values),
+        "min-party-accuracy": min(values),
+        "max-party-accuracy": max(values),
+        "parties-used": len(accuracy),
+        "dropped": dropped,
+        "rejected": [],
+        "wall-seconds": time.perf_counter() - t0,
+        **bytes_summary(ctx, nodes),
+    }
