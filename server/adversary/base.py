@@ -1,0 +1,71 @@
+"""The shared interface of every attack (breaching-style: case, attack and analysis kept apart)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Observation:
+    """What the server received from one party, plus what the threat model grants.
+
+    x_tilde: the uploaded encodings (n, *sample_shape), as received.
+    weights, sources: the mixing matrix W when known (strongest attacker): encoding i is
+      sum_j weights[i, j] * private[sources[i, j]] (+ noise / public images); -1 marks a public slot.
+    radius: the noise radius r when known (singularized mixup).
+    public: the public pool (InstaHide cross-dataset), public_sources its indices per slot.
+    n_private: how many private samples the attack must estimate.
+    lo, hi: per-channel bounds of valid normalised values (broadcastable to a sample), or None.
+    prior_mean, prior_cov_factor, prior_diag: a Gaussian prior over samples estimated from public
+      data (low rank plus diagonal), for attackers that use one.
+    """
+
+    x_tilde: torch.Tensor
+    n_private: int
+    weights: torch.Tensor | None = None
+    sources: torch.Tensor | None = None
+    radius: float | None = None
+    public: torch.Tensor | None = None
+    public_sources: torch.Tensor | None = None
+    lo: torch.Tensor | None = None
+    hi: torch.Tensor | None = None
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_tilde.shape[1:])
+
+
+@dataclass
+class GradientObservation:
+    """One party's model update in a FedAvg/FedProx round, seen by the server.
+
+    The weight change of one round is treated as a pseudo-gradient; labels are known (the
+    appendix's realistic setting). batch_size and local_steps describe how it was produced.
+    """
+
+    model: nn.Module  # the global model the party started from
+    update: list[torch.Tensor]  # w_global - w_local per parameter
+    labels: torch.Tensor
+    sample_shape: tuple[int, ...]
+    batch_size: int
+    local_steps: int
+    lr: float
+    lo: torch.Tensor | None = None
+    hi: torch.Tensor | None = None
+
+
+class Attack(ABC):
+    """An attack turns an observation into estimates of the private samples."""
+
+    name: str = "attack"
+    #: one line on what the attacker is assumed to know
+    threat_model: str = ""
+
+    @abstractmethod
+    def reconstruct(self, observation) -> torch.Tensor:
+        """Estimates of the private samples, shaped (n_private, *sample_shape)."""
