@@ -104,22 +104,22 @@ def encoder_params(settings: Settings, radius: float) -> EncoderParams:
     )
 
 
-def load_public_pool(settings: Settings, like: Partition) -> torch.Tensor:
+def load_public_pool(settings: Settings, private: datalib.DatasetSpec) -> torch.Tensor:
     """Tiny-ImageNet (the public set) mapped to the private images' shape and normalisation."""
     public = datalib.load_split("tiny-imagenet", "train", settings.data_dir, settings.download)
     unit = datalib.to_unit(public.images, public.spec)
-    c, h, w = like.spec.sample_shape
+    c, h, w = private.sample_shape
     if c == 1:
         unit = unit.mean(dim=1, keepdim=True)
     if unit.shape[-2:] != (h, w):
         unit = torch.nn.functional.interpolate(unit, size=(h, w), mode="bilinear", antialias=True, align_corners=False)
-    return datalib.normalize(unit.clamp(0, 1), like.spec)
+    return datalib.normalize(unit.clamp(0, 1), private)
 
 
 def encode_partition(settings: Settings, part: Partition, calibration: Calibration | None = None) -> tuple[Encoded, Calibration]:
     """Calibrate and encode the whole partition once, from the party's own seed."""
     calibration = calibration or calibrate_party(settings, part)
-    public = load_public_pool(settings, part) if settings.encoder == "instahide-cross" else None
+    public = load_public_pool(settings, part.spec) if settings.encoder == "instahide-cross" else None
     enc = encode(
         part.x,
         part.one_hot(),
