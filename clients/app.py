@@ -88,7 +88,13 @@ def train(msg: Message, context: Context) -> Message:
     torch.manual_seed(settings.seed + party)
     report = train_loop(model, part.x, part.one_hot(), cfg, generator(settings.seed, *purpose), proximal_reference=reference)
     metrics = MetricRecord(
-        {"party": party, "num-examples": len(part.labels), "train-loss": report.losses[-1], "train-seconds": report.seconds}
+        {
+            "party": party,
+            "num-examples": len(part.labels),
+            "train-loss": report.losses[-1],
+            "train-seconds": report.seconds,
+            "on-cuda": int(device.startswith("cuda")),
+        }
     )
     arrays = ArrayRecord(model.cpu().state_dict())
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)

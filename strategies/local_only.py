@@ -24,9 +24,10 @@ def run(ctx: RunContext) -> dict:
         for node in nodes
     ]
     ok, dropped = split_replies(ctx.send_and_receive(messages), nodes, s.reply_timeout)
-    accuracy = {}
+    accuracy, on_cuda = {}, 0
     for reply in ok:
         party = int(reply.content["metrics"]["party"])
+        on_cuda += int(reply.content["metrics"].get("on-cuda", 0))
         model.load_state_dict(reply.content["arrays"].to_torch_state_dict())
         accuracy[party] = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]
     require_parties(ctx, len(accuracy), "local-only")
@@ -39,6 +40,7 @@ def run(ctx: RunContext) -> dict:
         "min-party-accuracy": min(values),
         "max-party-accuracy": max(values),
         "parties-used": len(accuracy),
+        "parties-on-cuda": on_cuda,
         "dropped": dropped,
         "rejected": [],
         "wall-seconds": time.perf_counter() - t0,
