@@ -13,6 +13,15 @@ def test_digits_split_is_fixed_and_disjoint():
     assert np.array_equal(train.labels, again.labels)
 
 
+def test_loading_twice_gives_the_same_tensors():
+    """Raw splits are cached per process: converting them must never modify the cache."""
+    raw = data.load_split("digits", "test")
+    first, _ = data.normalized_tensors(raw)
+    second, _ = data.normalized_tensors(data.load_split("digits", "test"))
+    assert torch.equal(first, second)
+    assert float(raw.images.max()) == 16.0
+
+
 def test_mnist_from_data_dir_matches_readme(data_dir):
     test = data.load_split("mnist", "test", data_dir)
     assert test.images.shape == (10000, 1, 28, 28) and test.images.dtype == np.uint8
