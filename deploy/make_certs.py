@@ -46,7 +46,9 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def _certificate(subject: str, issuer: x509.Name | None, public_key, signing_key, days: int, ca: bool, names: list[str]):
     now = dt.datetime.now(dt.timezone.utc)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject), x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedsmix")])
+    name = x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, subject), x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedsmix")]
+    )
     builder = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -58,9 +60,11 @@ def _certificate(subject: str, issuer: x509.Name | None, public_key, signing_key
         .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
     )
     if ca:
-        builder = builder.add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        usage = x509.KeyUsage(
+            digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
         )
+        builder = builder.add_extension(usage, critical=True)
     else:
         alt = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "::1")]
         builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False).add_extension(
@@ -91,7 +95,8 @@ def make_supernode_keys(out: Path, supernodes: int) -> list[tuple[Path, Path]]:
     for i in range(supernodes):
         key = ec.generate_private_key(ec.SECP384R1())
         private, public = out / f"supernode-{i}", out / f"supernode-{i}.pub"
-        _write(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()), True)
+        openssh = serialization.PrivateFormat.OpenSSH
+        _write(private, key.private_bytes(serialization.Encoding.PEM, openssh, serialization.NoEncryption()), private=True)
         ssh = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
         _write(public, ssh + f" supernode-{i}\n".encode(), private=False)
         pairs.append((private, public))
@@ -101,7 +106,7 @@ def make_supernode_keys(out: Path, supernodes: int) -> list[tuple[Path, Path]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder to write into (created; existing files are replaced)")
-    parser.add_argument("--supernodes", type=int, default=2, help="SuperNodes to name in the certificate and to make keys for")
+    parser.add_argument("--supernodes", type=int, default=2, help="SuperNodes to name in the certificate and make keys for")
     parser.add_argument("--days", type=int, default=DEFAULT_DAYS)
     args = parser.parse_args(argv)
     if args.supernodes < 1:

@@ -9,12 +9,15 @@ which .ci/run installs) and deploy/smoke.py runs the services' own command lines
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from cryptography import x509
@@ -74,7 +77,7 @@ def test_every_party_has_its_own_node_config_and_data_volume(stack):
         apps = services[f"superexec-clientapp-{i}"]
         assert apps["command"][apps["command"].index("--runtime-api-address") + 1] == f"supernode-{i}:9094"
         assert f"party-{i}-data:/data:ro" in apps["volumes"]
-        holders = [name for name, spec in services.items() if any(v.startswith(f"party-{i}-data:") for v in spec.get("volumes", []))]
+        holders = [n for n, spec in services.items() if any(v.startswith(f"party-{i}-data:") for v in spec.get("volumes", []))]
         assert holders == [f"superexec-clientapp-{i}"]  # no other container sees party i's data
     assert "server-runs:/app/runs:rw" in services["superexec-serverapp"]["volumes"]
     assert config["volumes"]["server-runs"]["name"] == "fedsmix-server-runs"
@@ -164,7 +167,8 @@ def test_certificate_script_makes_a_chain_and_supernode_keys(tmp_path):
     cert = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
     cert.verify_directly_issued_by(ca)
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert set(names.get_values_for_type(x509.DNSName)) == {"localhost", "superlink", "supernode-0", "supernode-1", "supernode-2"}
+    expected = {"localhost", "superlink", "supernode-0", "supernode-1", "supernode-2"}
+    assert set(names.get_values_for_type(x509.DNSName)) == expected
     assert {str(ip) for ip in names.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "::1"}
     assert cert.not_valid_after_utc > dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)
     for i in range(3):
@@ -193,12 +197,14 @@ def test_readme_gives_the_commands_the_tests_use():
         "docker compose build",
         "docker compose up -d",
         f".venv/bin/flwr run . docker --stream --run-config '{run_config}'",
+        ".venv/bin/flwr supernode list docker",
         ".venv/bin/flwr ls docker",
         "docker compose exec superexec-serverapp cat /app/runs/latest/results.json",
         "docker compose down",
         ".venv/bin/python deploy/make_certs.py deploy/certs --supernodes 2",
         "docker compose -f docker-compose.yml -f docker-compose.tls.yml up --build -d",
         f".venv/bin/flwr run . docker-tls --stream --run-config '{run_config}'",
+        ".venv/bin/flwr supernode list docker-tls",
         ".venv/bin/flwr ls docker-tls",
         "docker compose -f docker-compose.yml -f docker-compose.tls.yml down",
         "docker-compose -f docker-compose.yml -f docker-compose.tls.yml config -q",
@@ -235,3 +241,85 @@ def test_two_party_deployment_smoke_over_tls_with_supernode_auth(tmp_path):
     assert "Failed to activate" in (tmp_path / "logs" / "unregistered-supernode.log").read_text()
     registered = (tmp_path / "logs" / "register-supernodes.log").read_text()
     assert registered.count("register-supernodes: supernode-") == 2
+
+
+# ------------------------------------------------------------------------------ faults, slow
+FAULT_RUN = {
+    "preset": "configs/quickstart.yaml",
+    "strategies": "fedprox",
+    "rounds": 3,
+    "min-parties": 2,
+    "reply-timeout": 150.0,  # longer than Flower's heartbeat patience (2 x 30 s): the SuperLink reports the node
+    "runs-dir": "/app/runs",
+}
+
+
+def _kill_when(deployment: Deployment, service: str, marker: str):
+    """An on_line hook for flwr_run: kill `service` the moment the stream shows `marker`."""
+    killed: dict[str, float] = {}
+
+    def on_line(line: str) -> None:
+        if not killed and marker in line:
+            killed["at"] = time.time()
+            deployment.kill(service)
+
+    return on_line, killed
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_mid_fedprox_drops_out_and_the_run_completes(tmp_path):
+    """Three parties, min-parties 2 (the schema's floor): party 2's SuperNode dies in round 2."""
+    with Deployment([COMPOSE], parties=3, workdir=tmp_path) as deployment:
+        on_line, killed = _kill_when(deployment, "supernode-2", "[ROUND 2/3]")
+        run = deployment.flwr_run(FAULT_RUN, timeout=600, on_line=on_line)
+        results = deployment.results(FAULT_RUN)
+        assert deployment.procs["supernode-2"].returncode == -9
+    assert killed, run.output[-2000:]
+    assert run.status == "finished:completed", run.details
+    prox = results["strategies"]["fedprox"]
+    assert [point["round"] for point in prox["curve"]] == [0, 1, 2, 3]
+    assert prox["accuracy"] > 3 * 0.1  # the two remaining parties still learn digits
+    assert prox["dropped"] and {record["party"] for record in prox["dropped"]} == {2}
+    first = prox["dropped"][0]
+    assert first["round"] == 2 and "Node Unavailable" in first["reason"]
+    dropped_at = dt.datetime.strptime(first["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    assert dropped_at.timestamp() >= int(killed["at"])
+    assert deployment.alive() == []
+
+
+@pytest.mark.slow
+def test_a_run_that_falls_below_min_parties_ends_with_a_clear_error(tmp_path):
+    """Two parties, min-parties 2: party 1's SuperNode dies in round 2; the run fails, it does not hang."""
+    with Deployment([COMPOSE], parties=2, workdir=tmp_path) as deployment:
+        on_line, killed = _kill_when(deployment, "supernode-1", "[ROUND 2/3]")
+        run = deployment.flwr_run(FAULT_RUN, timeout=600, on_line=on_line)
+        results = deployment.results(FAULT_RUN)
+    assert killed, run.output[-2000:]
+    assert run.status == "finished:failed"
+    assert "round 2: only 1 parties replied; min-parties is 2; dropped party 1" in run.details
+    assert "Node Unavailable" in run.details
+    assert "min-parties is 2" in results["strategies"]["fedprox"]["error"]
+    assert deployment.alive() == []
+
+
+# --------------------------------------------------------------------- data volumes, slow
+@pytest.mark.slow
+def test_each_party_reads_only_its_own_data_volume(tmp_path, data_dir):
+    """Party 0's volume holds a small MNIST slice and party 1's is empty: party 0 encodes and
+    uploads from its own volume, party 1 looks in its own (the data-dir of its --node-config) and
+    finds nothing, so the run stops below min-parties."""
+    volumes = tmp_path / "volumes"
+    (volumes / "party-0-data").mkdir(parents=True)
+    with np.load(Path(data_dir) / "mnist.npz") as full:
+        np.savez(volumes / "party-0-data" / "mnist.npz", x_train=full["x_train"][:600], y_train=full["y_train"][:600])
+    config = {
+        "preset": "configs/quickstart.yaml", "strategies": "mixup-union", "dataset": "mnist", "partitioner": "iid",
+        "data-dir": "/data", "epochs": 1, "runs-dir": "/app/runs",
+    }
+    with Deployment([COMPOSE], parties=2, workdir=tmp_path) as deployment:
+        run = deployment.flwr_run(config, timeout=600)
+        results = deployment.results(config)
+    assert run.status == "finished:failed" and "only 1 valid parties remain; min-parties is 2" in run.details
+    manifest = json.loads((Path(results["run-dir"]) / "uploads" / "manifest.json").read_text())
+    assert list(manifest) == ["0"] and manifest["0"]["x"]["shape"] == [300, 1, 28, 28]  # half of 600, iid
+    assert str(volumes / "party-1-data" / "mnist.npz") in (tmp_path / "logs" / "superexec-clientapp-1.log").read_text()
