@@ -184,8 +184,10 @@ class Translator:
         return None
 
     def source_dir(self, source: str) -> Path:
-        if source in self.mounts:
-            return Path(self.mounts[source])
+        """A volume's or bind mount's folder (or file) here; `mounts` may move a bind source's folder."""
+        for given, here in self.mounts.items():
+            if source == given or source.startswith(given.rstrip("/") + "/"):
+                return Path(here) / Path(source).relative_to(given)
         if source.startswith("/"):
             return Path(source)
         path = self.volumes_root / source  # a named volume: a folder of its own
@@ -566,7 +568,7 @@ def check_demo(results: dict, parties: int, runs_dir: Path) -> list[str]:
 
 def tls_checks(deployment: Deployment) -> list[str]:
     """TLS is really on, and SuperNode authentication really refuses an unregistered key."""
-    from deploy.make_certs import make_supernode_keys
+    from deploy.make_certs import authentication_key
 
     problems = []
     port = deployment.translator.port(SUPERLINK_SERVICE, 8000)
@@ -575,7 +577,8 @@ def tls_checks(deployment: Deployment) -> list[str]:
         problems.append("the SuperLink answered plain HTTP")
     except (urllib.error.URLError, http.client.HTTPException, OSError):
         pass  # the handshake fails: it speaks TLS only
-    key, _ = make_supernode_keys(deployment.workdir / "unregistered", 1)[0]
+    key = deployment.workdir / "unregistered.auth-key"
+    authentication_key(key, comment="unregistered")
     argv = list(deployment.native["supernode-0"].argv)
     argv[argv.index("--auth-supernode-private-key") + 1] = str(key)
     argv[argv.index("--port") + 1] = str(free_port())
@@ -592,17 +595,14 @@ def tls_checks(deployment: Deployment) -> list[str]:
 
 def smoke(tls: bool = False, parties: int = 2, workdir: Path | None = None, log: Callable[[str], None] = print) -> dict:
     """Bring the deployment up natively, run the demo, check it, tear everything down."""
-    from deploy.make_certs import make_certificates, make_supernode_keys, server_names
+    from deploy.make_certs import make_deployment_certs
 
     t0 = time.monotonic()
     workdir = Path(workdir or tempfile.mkdtemp(prefix="fedsmix-smoke-"))
     files, mounts = [COMPOSE], {}
     if tls:
-        certs = workdir / "certs"
-        make_certificates(certs, server_names(parties))
-        make_supernode_keys(certs, parties)
         files.append(TLS_OVERLAY)
-        mounts[str((REPO / "deploy" / "certs").resolve())] = certs
+        mounts[str((REPO / "deploy" / "certs").resolve())] = make_deployment_certs(workdir / "certs", parties)
     deployment = Deployment(files, parties, workdir, mounts, log)
     with deployment:
         up = time.monotonic() - t0

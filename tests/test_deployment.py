@@ -137,7 +137,8 @@ def test_adding_a_party_clones_the_last_party(tmp_path):
     assert party_indices(services) == [0, 1, 2]
     command = services["supernode-2"]["command"]
     assert "partition-id=2 num-partitions=3 data-dir='/data'" in command
-    assert command[command.index("--auth-supernode-private-key") + 1] == "/certs/supernode-2"
+    assert command[command.index("--auth-supernode-private-key") + 1] == "/certs/supernode-2.auth-key"
+    assert command[command.index("--ssl-certfile") + 1] == "/certs/supernode-2.pem"
     assert services["superexec-clientapp-2"]["volumes"]["/data"] == "party-2-data"
     assert "supernode-2:9094" in services["superexec-clientapp-2"]["command"]
     assert all("num-partitions=3" in " ".join(services[f"supernode-{i}"]["command"]) for i in range(3))
@@ -161,22 +162,36 @@ def test_native_translation_maps_ports_hosts_and_mounts(tmp_path):
 
 
 # ------------------------------------------------------------------------------ certificates
-def test_certificate_script_makes_a_chain_and_supernode_keys(tmp_path):
+def test_certificate_script_makes_one_chain_per_service_and_supernode_keys(tmp_path):
     assert make_certs.main([str(tmp_path), "--supernodes", "3"]) == 0
+    nodes = [f"supernode-{i}" for i in range(3)]
+    expected = {"ca.crt", "supernodes.pub", "superlink.pem", "superlink.key"}
+    expected |= {f"{n}{suffix}" for n in nodes for suffix in (".pem", ".key", ".auth-key")}
+    assert {p.name for p in tmp_path.iterdir()} == expected  # the CA's private key is not kept
     ca = x509.load_pem_x509_certificate((tmp_path / "ca.crt").read_bytes())
-    cert = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
-    cert.verify_directly_issued_by(ca)
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    expected = {"localhost", "superlink", "supernode-0", "supernode-1", "supernode-2"}
-    assert set(names.get_values_for_type(x509.DNSName)) == expected
-    assert {str(ip) for ip in names.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "::1"}
-    assert cert.not_valid_after_utc > dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)
-    for i in range(3):
-        private = load_ssh_private_key((tmp_path / f"supernode-{i}").read_bytes(), None)
-        public = load_ssh_public_key((tmp_path / f"supernode-{i}.pub").read_bytes())
-        assert isinstance(private.curve, ec.SECP384R1) and private.public_key().public_numbers() == public.public_numbers()
-    for secret in ("ca.key", "server.key", "supernode-0"):
-        assert stat.S_IMODE((tmp_path / secret).stat().st_mode) == 0o600
+    for name in ("superlink", *nodes):
+        cert = x509.load_pem_x509_certificate((tmp_path / f"{name}.pem").read_bytes())
+        cert.verify_directly_issued_by(ca)
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert set(names.get_values_for_type(x509.DNSName)) == {name, "localhost"}
+        assert {str(ip) for ip in names.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "::1"}
+        assert cert.not_valid_after_utc > dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)
+        assert stat.S_IMODE((tmp_path / f"{name}.key").stat().st_mode) == 0o600
+    lines = (tmp_path / "supernodes.pub").read_text().splitlines()
+    assert [line.split()[2] for line in lines] == nodes
+    for name, line in zip(nodes, lines):
+        private = load_ssh_private_key((tmp_path / f"{name}.auth-key").read_bytes(), None)
+        assert isinstance(private.curve, ec.SECP384R1)
+        assert private.public_key().public_numbers() == load_ssh_public_key(line.encode()).public_numbers()
+        assert stat.S_IMODE((tmp_path / f"{name}.auth-key").stat().st_mode) == 0o600
+
+
+def test_under_tls_each_container_mounts_only_its_own_secrets():
+    services = compose_config([COMPOSE, TLS_OVERLAY])["services"]
+    for name, spec in services.items():
+        secrets = {Path(v.split(":")[0]).name for v in spec.get("volumes", []) if v.split(":")[0].endswith("key")}
+        own = {"superlink": {"superlink.key"}}.get(name, {f"{name}.key", f"{name}.auth-key"} if name.startswith("supernode-") else set())
+        assert secrets == own, name
 
 
 # ------------------------------------------------------------------------------- README
