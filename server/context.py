@@ -26,6 +26,7 @@ class Traffic:
 
     to_node: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     from_node: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    destinations: dict[str, int] = field(default_factory=dict)  # message id -> node it was sent to
 
 
 @dataclass
@@ -61,7 +62,7 @@ class RunContext:
 
     def counting_grid(self) -> CountingGrid:
         """The grid to hand to Flower strategies: it books every byte into `traffic`."""
-        return CountingGrid(self.grid, self.traffic.to_node, self.traffic.from_node)
+        return CountingGrid(self.grid, self.traffic.to_node, self.traffic.from_node, self.traffic.destinations)
 
     def reset_traffic(self) -> Traffic:
         old, self.traffic = self.traffic, Traffic()

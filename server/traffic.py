@@ -18,10 +18,11 @@ class CountingGrid:
     one place that sees all traffic, whatever the strategy.
     """
 
-    def __init__(self, grid, to_node: dict[int, int], from_node: dict[int, int]):
+    def __init__(self, grid, to_node: dict[int, int], from_node: dict[int, int], destinations: dict[str, int] | None = None):
         self._grid = grid
         self.to_node = to_node
         self.from_node = from_node
+        self.destinations = {} if destinations is None else destinations
 
     def __getattr__(self, name):
         return getattr(self._grid, name)
@@ -31,6 +32,8 @@ class CountingGrid:
         for msg in messages:
             self.to_node[msg.metadata.dst_node_id] += message_nbytes(msg)
         replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        for msg in messages:  # ids exist once pushed; SuperLink-made error replies name only these
+            self.destinations[msg.metadata.message_id] = msg.metadata.dst_node_id
         for reply in replies:
             self.from_node[reply.metadata.src_node_id] += message_nbytes(reply)
         return replies

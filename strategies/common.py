@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from flwr.app import ConfigRecord, Message
 
 from server.context import RunAborted, RunContext
@@ -11,20 +13,29 @@ def settings_config(ctx: RunContext, **extra) -> ConfigRecord:
     return ConfigRecord({"settings": ctx.settings.to_json(), **extra})
 
 
-def split_replies(replies: list[Message], expected_nodes: list[int], timeout: float) -> tuple[list[Message], list[dict]]:
-    """Replies with content, and one record per node that raised or never answered."""
+def split_replies(
+    replies: list[Message], expected_nodes: list[int], timeout: float, destinations: dict[str, int] | None = None
+) -> tuple[list[Message], list[dict]]:
+    """Replies with content, and one record per node that raised or never answered (with the time).
+
+    When a SuperNode stops sending heartbeats, the SuperLink answers for it with an error whose
+    sender is the SuperLink itself; `destinations` (message id -> node) names the node it stands for.
+    """
     ok, dropped, answered = [], [], set()
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for reply in replies:
         node = reply.metadata.src_node_id
+        if node not in expected_nodes and destinations:
+            node = destinations.get(reply.metadata.reply_to_message_id, node)
         answered.add(node)
         if reply.has_error():
             reason = reply.error.reason
-            dropped.append({"node": node, "reason": _short(reason)})
+            dropped.append({"node": node, "reason": _short(reason), "time": now})
         else:
             ok.append(reply)
     for node in expected_nodes:
         if node not in answered:
-            dropped.append({"node": node, "reason": f"no reply within {timeout:.0f}s (timeout)"})
+            dropped.append({"node": node, "reason": f"no reply within {timeout:.0f}s (timeout)", "time": now})
     return ok, dropped
 
 

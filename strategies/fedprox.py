@@ -39,15 +39,18 @@ class ReportingFedProx(FedProx):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        ok, dropped = split_replies(replies, self.sampled.get(server_round, []), self.ctx.settings.reply_timeout)
+        sampled, timeout = self.sampled.get(server_round, []), self.ctx.settings.reply_timeout
+        ok, dropped = split_replies(replies, sampled, timeout, self.ctx.traffic.destinations)
         for record in dropped:
             node = record["node"]
             self.dropped.append({**record, "round": server_round, "party": self.node_party.get(node)})
         for reply in ok:
             self.node_party[reply.metadata.src_node_id] = int(reply.content["metrics"]["party"])
         if len(ok) < self.min_train_nodes:
+            lost = "; ".join(f"party {self.node_party.get(d['node'])} (node {d['node']}) at {d['time']}: {d['reason']}" for d in dropped)
             raise RunAborted(
                 f"round {server_round}: only {len(ok)} parties replied; min-parties is {self.min_train_nodes}"
+                + (f"; dropped {lost}" if lost else "")
             )
         return super().aggregate_train(server_round, ok)
 

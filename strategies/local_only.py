@@ -23,7 +23,7 @@ def run(ctx: RunContext) -> dict:
         Message(RecordDict({"arrays": initial, "config": config}), dst_node_id=node, message_type=MessageType.TRAIN)
         for node in nodes
     ]
-    ok, dropped = split_replies(ctx.send_and_receive(messages), nodes, s.reply_timeout)
+    ok, dropped = split_replies(ctx.send_and_receive(messages), nodes, s.reply_timeout, ctx.traffic.destinations)
     accuracy, on_cuda = {}, 0
     for reply in ok:
         party = int(reply.content["metrics"]["party"])

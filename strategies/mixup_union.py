@@ -50,7 +50,7 @@ def run(ctx: RunContext) -> dict:
     messages = [
         Message(RecordDict({"config": settings_config(ctx)}), dst_node_id=node, message_type="query.encode") for node in nodes
     ]
-    ok, dropped = split_replies(ctx.send_and_receive(messages), nodes, s.reply_timeout)
+    ok, dropped = split_replies(ctx.send_and_receive(messages), nodes, s.reply_timeout, ctx.traffic.destinations)
     t_upload = time.perf_counter() - t0
     store = UploadStore(ctx.run_dir / "uploads")
     parties, rejected = collect_uploads(ctx, ok, store)

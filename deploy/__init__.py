@@ -1,0 +1,1 @@
+"""Deployment: compose services run natively (smoke), certificates, SuperNode registration."""
