@@ -152,7 +152,8 @@ class MMSEAttack(Attack):
             lam = lam.clamp_min(0)
             shrink = _ratio(gamma[None, :], lam[:, None])  # (L, k): gamma / (gamma + lambda)
             shrink_perp = _ratio(torch.tensor(gamma_perp, dtype=lam.dtype, device=device), lam)  # (L,)
-            per_direction = (gamma[None, :] * (1 - shrink)).sum(dim=1) + (d - k) * gamma_perp * (1 - shrink_perp)
+            g_perp = torch.tensor(gamma_perp, dtype=lam.dtype, device=device)
+            per_direction = _posterior_var(gamma[None, :], lam[:, None]).sum(dim=1) + (d - k) * _posterior_var(g_perp, lam)
             error[idx] = (U**2) @ per_direction
             if want_mean:
                 y = W_inv @ y0[idx]  # (L, d): X - mu + Z
@@ -170,3 +171,9 @@ def _ratio(gamma: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """gamma / (gamma + lambda), and 1 where both vanish (no prior spread, no noise: trust the data)."""
     total = gamma + lam
     return torch.where(total > 0, gamma / total.clamp_min(1e-300), torch.ones_like(total))
+
+
+def _posterior_var(gamma: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """gamma lambda / (gamma + lambda), written so that neither a huge gamma nor lambda = 0 cancels."""
+    total = gamma + lam
+    return torch.where(total > 0, gamma * lam / total.clamp_min(1e-300), torch.zeros_like(total))

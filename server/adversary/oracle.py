@@ -53,9 +53,9 @@ def check_replay(party: int, replayed: np.ndarray, uploaded: np.ndarray) -> None
         worst = 0.0 if same else float(np.abs(replayed.astype(np.float64) - uploaded).max())
     else:
         rounded = replayed.astype(uploaded.dtype)
-        spacing = np.spacing(np.abs(rounded)).astype(np.float64)
+        half_ulp = np.spacing(np.abs(rounded)).astype(np.float64) / 2  # correct rounding is never further off
         diff = np.abs(replayed.astype(np.float64) - uploaded.astype(np.float64))
-        same = bool((diff <= spacing).all())
+        same = bool((diff <= half_ulp).all())
         worst = float(diff.max())
     if not same:
         raise ReplayMismatch(
