@@ -42,14 +42,14 @@ def leakage(
 
     Without a public mean (no public data in this space) the gains are left out, never faked.
     """
-    x = x.cpu().float()
+    x = x.float()  # scored where x lives (a GPU for 224 px images)
     report, per_image = {"attacks": {}}, {}
     blind = None
     if public_mean is not None:
-        blind, per_image["trivial"] = score(x, trivial_guess(public_mean.cpu().float(), len(x)), to_unit)
+        blind, per_image["trivial"] = score(x, trivial_guess(public_mean.to(x), len(x)), to_unit)
         report["trivial"] = blind.as_dict()
     for name, x_hat in estimates.items():
-        result, per_image[name] = score(x, x_hat.cpu().float(), to_unit)
+        result, per_image[name] = score(x, x_hat.to(x), to_unit)
         report["attacks"][name] = {"score": result.as_dict(), **({"gain": gain(result, blind)} if blind else {})}
     return report, per_image
 

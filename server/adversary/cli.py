@@ -59,6 +59,10 @@ def cmd_attack(args: argparse.Namespace) -> int:
     settings = {d: load_settings({**overrides, "dataset": d}) for d in datasets}  # fail before any work
     first = settings[datasets[0]]
     device = select_device(args.device or first.device)
+    if device == "cuda":
+        import torch
+
+        torch.backends.cudnn.benchmark = True  # fixed image sizes: let cuDNN pick its fastest convolutions
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     out = Path(args.out) if args.out else Path(first.runs_dir).expanduser() / "attacks" / f"{stamp}-{'-'.join(datasets)}"
     if not out.is_absolute() and not args.out:
@@ -67,7 +71,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
     print(f"fedsmix attack: writing to {out} (device {device})", flush=True)
     tables = []
     for dataset in datasets:
-        result = run_sweep(settings[dataset], taus, attacks, args.victims, out, device, args.mmse_rank, args.split)
+        result = run_sweep(settings[dataset], taus, attacks, args.victims, out, device, args.mmse_rank, args.split, args.resize)
         tables.append(Path(result["files"][0]).read_text())
     (out / "tables.md").write_text("\n".join(tables))
     print("\n" + "\n".join(tables), flush=True)
@@ -82,6 +86,7 @@ def register(subparsers) -> None:
     p.add_argument("--split", default="test", choices=("test", "train"))
     p.add_argument("--taus", default="1,1e-1,...,1e-6")
     p.add_argument("--attacks", default="linear,mmse,unet", help=f"comma-separated, from {', '.join(ATTACKS[:3])}")
+    p.add_argument("--resize", type=int, default=0, help="upsample victims and public images to N px first (paper: 224)")
     p.add_argument("--mmse-rank", type=int, default=256, help="rank of the MMSE prior's covariance (plus a diagonal)")
     p.add_argument("--device", default="", help="auto, cpu or cuda (default: the settings' device)")
     p.add_argument("--preset", default="")

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch.nn import functional as F
 
 from fedsmix import data as datalib
-from fedsmix.config import Settings
+from fedsmix.config import Settings, SettingsError
+from fedsmix.encoders import calibrate, data_statistics
 from fedsmix.metrics import score
 from fedsmix.pipeline import Partition, calibrate_party, encode_partition, to_space
 from fedsmix.runs import atomic_write_bytes, atomic_write_json
+from fedsmix.seeding import generator
 
 from .analysis import leakage, theorem41
 from .cases import build_attacks, observation, public_samples
@@ -45,23 +49,33 @@ def paper_value(table: dict, dataset: str, tau: float) -> float | None:
     return None
 
 
-def victim_partition(settings: Settings, victims: int, split: str = "test") -> Partition:
-    """The first `victims` samples of a split, in mixing space, as a one-party partition."""
+def victim_partition(settings: Settings, victims: int, split: str = "test", resize: int = 0) -> Partition:
+    """The first `victims` samples of a split, in mixing space, as a one-party partition.
+
+    resize > 0 upsamples pixels first (bilinear, antialiased), as the paper's 224 px preprocessing.
+    """
     raw = datalib.load_split(settings.dataset, split, settings.data_dir, settings.download)
     rows = np.arange(min(victims, len(raw)))
-    x = to_space(settings, raw, split, rows)
     labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
-    return Partition(0, x, labels, raw.spec.num_classes, raw.spec, rows)
+    if not resize:
+        return Partition(0, to_space(settings, raw, split, rows), labels, raw.spec.num_classes, raw.spec, rows)
+    if settings.backbone != "none":
+        raise SettingsError("--resize: only for pixels (no backbone); a backbone has its own input size")
+    unit = F.interpolate(datalib.to_unit(raw.images[rows], raw.spec), size=(resize, resize), mode="bilinear",
+                         antialias=True, align_corners=False).clamp(0, 1)
+    spec = replace(raw.spec, image_size=resize)
+    return Partition(0, datalib.normalize(unit, spec), labels, spec.num_classes, spec, rows)
 
 
 def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, device: str = "cpu",
-              mmse_rank: int = 256, split: str = "test", log=print) -> dict:
+              mmse_rank: int = 256, split: str = "test", resize: int = 0, log=print) -> dict:
     """One data set: every tau, every attack; writes <dataset>-sweep.{json,md,csv} and figures."""
     out_dir = Path(out_dir)
-    spec = datalib.spec(settings.dataset)
     pixels = settings.backbone == "none"
+    part = victim_partition(settings, victims, split, resize)
+    spec = part.spec
     to_unit = (lambda t: datalib.denormalize(t, spec)) if pixels else None
-    part = victim_partition(settings, victims, split)
+    x_eval = part.x.to(device)  # scoring (SSIM at 224 px) runs where the attacks ran
     public = public_samples(settings, spec)
     public_mean = public.mean(dim=0) if public is not None else None
     t_build = time.perf_counter()
@@ -70,14 +84,17 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
         f"(prior/setup {time.perf_counter() - t_build:.1f}s); skipped {skipped or 'none'}")
     result = {
         "dataset": settings.dataset, "victims": len(part.x), "split": split, "sample-shape": list(part.sample_shape),
+        "resize": resize,
         "attacks": list(built), "skipped": skipped, "device": device, "mmse-rank": mmse_rank,
         "settings": json.loads(settings.to_json()), "taus": [],
     }
     panels: dict[str, dict[str, list]] = {name: {"original": [], "mixed": [], "recovered": []} for name in built}
     best: dict[str, int] = {}
+    stats = data_statistics(part.x, generator(settings.seed, part.party, "calibrate"))  # as calibrate_party does
     for tau in sorted(taus, reverse=True):  # the figure shows the victim recovered best at the largest tau
         st = settings.replace(tau=tau)
-        calibration = calibrate_party(st, part)
+        # V and D do not depend on tau: estimate them once (a minute at 224 px), as calibrate_party would
+        calibration = calibrate(stats, tau, st.alpha) if st.radius_mode == "theorem" else calibrate_party(st, part)
         enc, _ = encode_partition(st, part, calibration)
         obs = observation(enc, calibration.radius, spec if pixels else None, tau=tau).to(device)
         estimates, seconds, training = {}, {}, {}
@@ -86,10 +103,10 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
             if name == "unet":
                 attack.fit(calibration.radius)
                 training = attack.report
-            estimates[name] = attack.reconstruct(obs).cpu()
+            estimates[name] = attack.reconstruct(obs)
             seconds[name] = time.perf_counter() - started
-        report, per_image = leakage(part.x, estimates, public_mean, to_unit)
-        mixed, _ = score(part.x, enc.x, to_unit)
+        report, per_image = leakage(x_eval, estimates, public_mean, to_unit)
+        mixed, _ = score(x_eval, obs.x_tilde, to_unit)
         record = {
             "tau": tau, "radius": calibration.radius, "m_f": calibration.m_f, "snr-bound": calibration.snr_bound,
             **report, "mixed": mixed.as_dict(), "seconds": seconds,
@@ -106,11 +123,12 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
             i = best[name]
             panels[name]["original"].append(part.x[i])
             panels[name]["mixed"].append(enc.x[i])
-            panels[name]["recovered"].append(estimates[name][i])
+            panels[name]["recovered"].append(estimates[name][i].cpu())
         log(f"[{settings.dataset}] tau={tau:g} r={calibration.radius:.4g} "
             + " ".join(f"{n}={e['score']['snr_mean']:.2f}dB({seconds[n]:.0f}s)" for n, e in report["attacks"].items())
             + (f" trivial={report['trivial']['snr_mean']:.2f}dB" if "trivial" in report else ""))
         atomic_write_json(out_dir / f"{settings.dataset}-sweep.json", result)  # partial results survive a timeout
+        del estimates, obs
     result["files"] = write_sweep_tables(out_dir, result) + write_sweep_figures(out_dir, result, panels, best, to_unit)
     atomic_write_json(out_dir / f"{settings.dataset}-sweep.json", result)
     return result
