@@ -7,9 +7,11 @@ Leakage is therefore reported as the attack's gain over that guess.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from fedsmix.metrics import Score, score
+from fedsmix.metrics import Score, score, theorem41_T
 
 
 def trivial_guess(public_mean: torch.Tensor, n: int) -> torch.Tensor:
@@ -17,20 +19,81 @@ def trivial_guess(public_mean: torch.Tensor, n: int) -> torch.Tensor:
     return public_mean.unsqueeze(0).expand(n, *public_mean.shape).clone()
 
 
+def gain(attack: Score, blind: Score) -> dict[str, float]:
+    """What the upload taught the attacker: dB over the trivial guess for SNR/PSNR, difference for SSIM."""
+    return {
+        "snr_db": attack.snr_mean - blind.snr_mean,
+        "psnr_db": attack.psnr_mean - blind.psnr_mean,
+        "ssim": attack.ssim_mean - blind.ssim_mean,
+    }
+
+
 def score_with_baseline(x: torch.Tensor, x_hat: torch.Tensor, public_mean: torch.Tensor, to_unit=None) -> dict:
     """The attack's scores, the trivial guess's, and the gain (dB for SNR/PSNR, difference for SSIM)."""
     attack, per_image = score(x, x_hat, to_unit)
     blind, _ = score(x, trivial_guess(public_mean.to(x.dtype), len(x)), to_unit)
+    return {"attack": attack.as_dict(), "trivial": blind.as_dict(), "gain": gain(attack, blind), "per_image": per_image}
+
+
+def leakage(
+    x: torch.Tensor, estimates: dict[str, torch.Tensor], public_mean: torch.Tensor | None, to_unit=None
+) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
+    """Every attack scored beside one trivial guess (JSON-ready), and the per-image metrics.
+
+    Without a public mean (no public data in this space) the gains are left out, never faked.
+    """
+    x = x.float()  # scored where x lives (a GPU for 224 px images)
+    report, per_image = {"attacks": {}}, {}
+    blind = None
+    if public_mean is not None:
+        blind, per_image["trivial"] = score(x, trivial_guess(public_mean.to(x), len(x)), to_unit)
+        report["trivial"] = blind.as_dict()
+    for name, x_hat in estimates.items():
+        result, per_image[name] = score(x, x_hat.to(x), to_unit)
+        report["attacks"][name] = {"score": result.as_dict(), **({"gain": gain(result, blind)} if blind else {})}
+    return report, per_image
+
+
+def theorem41_samples(x: torch.Tensor, x_hat: torch.Tensor, weights: torch.Tensor, perm: torch.Tensor, radius: float,
+                      rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Per sample: Theorem 4.1's bound r^2 T_i, the attack's ||x_i - x_hat_i||^2 and ||x_i||^2.
+
+    T_i needs the whole permutation (its cycles), so weights/perm cover the party and `rows`
+    picks the samples that x and x_hat hold.
+    """
+    bound = radius**2 * theorem41_T(weights.cpu(), perm.cpu())
+    if rows is not None:
+        bound = bound[rows.cpu()]
+    flat, flat_hat = x.cpu().double().reshape(len(x), -1), x_hat.cpu().double().reshape(len(x), -1)
+    return {"bound": bound, "error": (flat - flat_hat).pow(2).sum(dim=1), "signal": flat.pow(2).sum(dim=1)}
+
+
+def theorem41_summary(samples: dict[str, torch.Tensor]) -> dict[str, float | None]:
+    """The bound beside the measured error.
+
+    The bound holds for estimators without a prior, in the worst case over X; an attack with
+    priors (TV, clamping, a Gaussian prior) may fall below it on real images. T_i explodes where
+    W is nearly singular (a cycle whose weight product is near 1), so medians are reported too.
+    """
+    bound, error, signal = samples["bound"], samples["error"], samples["signal"]
+    bound_snr = torch.where(bound > 0, 10 * torch.log10(signal / bound.clamp_min(1e-300)), torch.inf)
+    median_snr = float(bound_snr.median())
     return {
-        "attack": attack.as_dict(),
-        "trivial": blind.as_dict(),
-        "gain": {
-            "snr_db": attack.snr_mean - blind.snr_mean,
-            "psnr_db": attack.psnr_mean - blind.psnr_mean,
-            "ssim": attack.ssim_mean - blind.ssim_mean,
-        },
-        "per_image": per_image,
+        "bound-mean": float(bound.mean()),
+        "bound-median": float(bound.median()),
+        "error-mean": float(error.mean()),
+        "error-median": float(error.median()),
+        "fraction-below-bound": float((error < bound).double().mean()),
+        # per sample, the SNR a prior-free attacker cannot beat in the worst case (median over samples)
+        "bound-snr-db-median": median_snr if math.isfinite(median_snr) else None,
     }
 
 
-__all__ = ["Score", "score", "score_with_baseline", "trivial_guess"]
+def theorem41(x, x_hat, weights, perm, radius, rows=None) -> dict[str, float | None]:
+    return theorem41_summary(theorem41_samples(x, x_hat, weights, perm, radius, rows))
+
+
+__all__ = [
+    "Score", "gain", "leakage", "score", "score_with_baseline", "theorem41", "theorem41_samples", "theorem41_summary",
+    "trivial_guess",
+]

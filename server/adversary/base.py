@@ -20,8 +20,9 @@ class Observation:
     public: the public pool (InstaHide cross-dataset), public_sources its indices per slot.
     n_private: how many private samples the attack must estimate.
     lo, hi: per-channel bounds of valid normalised values (broadcastable to a sample), or None.
-    prior_mean, prior_cov_factor, prior_diag: a Gaussian prior over samples estimated from public
-      data (low rank plus diagonal), for attackers that use one.
+    extras: anything else the case records (party, tau, sign_masked, ...).
+    What the attacker brings itself (public images, a Gaussian prior fitted on them) belongs to
+    the attack, not to the observation: see mmse.GaussianPrior and unet.UNetAttack.
     """
 
     x_tilde: torch.Tensor
@@ -38,6 +39,11 @@ class Observation:
     @property
     def sample_shape(self) -> tuple[int, ...]:
         return tuple(self.x_tilde.shape[1:])
+
+    def to(self, device) -> Observation:
+        """The same observation with every tensor on `device` (attacks run where the data is)."""
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+        return Observation(**moved)
 
 
 @dataclass

@@ -1,0 +1,96 @@
+"""`python -m fedsmix attack`: the tau sweep of the paper's security tables, tables and figures.
+
+    python -m fedsmix attack --dataset mnist,cifar10 --victims 1000 --taus 1,1e-1,...,1e-6 \
+        --attacks linear,mmse,unet
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+from fedsmix.config import ATTACKS, PROJECT_ROOT, SettingsError, load_settings
+
+
+def parse_taus(text: str) -> list[float]:
+    """Comma-separated values; '...' between two powers of ten fills in every decade."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    taus: list[float] = []
+    for i, part in enumerate(parts):
+        if part == "...":
+            if i == 0 or i == len(parts) - 1:
+                raise SettingsError("--taus: '...' needs a value on each side, e.g. 1,1e-1,...,1e-6")
+            ratio = taus[-1] / taus[-2] if len(taus) >= 2 else (0.1 if float(parts[i + 1]) < taus[-1] else 10.0)
+            steps = math.log(float(parts[i + 1]) / taus[-1]) / math.log(ratio) if ratio != 1 else -1
+            if steps < 1 or abs(steps - round(steps)) > 1e-6:
+                raise SettingsError(f"--taus: cannot step from {taus[-1]:g} to {parts[i + 1]} by factors of {ratio:g}")
+            start = taus[-1]
+            taus += [float(f"{start * ratio**k:.12g}") for k in range(1, round(steps))]
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise SettingsError(f"--taus: {part!r} is not a number") from None
+        if not value > 0 or not math.isfinite(value):
+            raise SettingsError(f"--taus: tau must be > 0, got {part}")
+        taus.append(value)
+    if not taus:
+        raise SettingsError("--taus: give at least one value")
+    return taus
+
+
+def cmd_attack(args: argparse.Namespace) -> int:
+    from fedsmix.cli import _parse_sets
+    from fedsmix.device import select_device
+
+    from .sweep import run_sweep
+
+    attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
+    for name in attacks:
+        if name not in ATTACKS:
+            raise SettingsError(f"--attacks: unknown attack {name!r}; allowed: {', '.join(ATTACKS)}")
+    taus = parse_taus(args.taus)
+    overrides = _parse_sets(args.set)
+    if args.preset:
+        overrides["preset"] = args.preset
+    datasets = [d.strip() for d in args.dataset.split(",") if d.strip()]
+    settings = {d: load_settings({**overrides, "dataset": d}) for d in datasets}  # fail before any work
+    first = settings[datasets[0]]
+    device = select_device(args.device or first.device)
+    if device == "cuda":
+        import torch
+
+        torch.backends.cudnn.benchmark = True  # fixed image sizes: let cuDNN pick its fastest convolutions
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out = Path(args.out) if args.out else Path(first.runs_dir).expanduser() / "attacks" / f"{stamp}-{'-'.join(datasets)}"
+    if not out.is_absolute() and not args.out:
+        out = PROJECT_ROOT / out
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"fedsmix attack: writing to {out} (device {device})", flush=True)
+    tables = []
+    for dataset in datasets:
+        result = run_sweep(settings[dataset], taus, attacks, args.victims, out, device, args.mmse_rank, args.split, args.resize)
+        tables.append(Path(result["files"][0]).read_text())
+    (out / "tables.md").write_text("\n".join(tables))
+    print("\n" + "\n".join(tables), flush=True)
+    print(f"tables, CSV and figures in {out}", flush=True)
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("attack", help="tau sweep of the reconstruction attacks (paper Tables 1-2), tables and figures")
+    p.add_argument("--dataset", default="cifar10", help="one or more, comma-separated (e.g. mnist,cifar10)")
+    p.add_argument("--victims", type=int, default=1000, help="first N images of --split")
+    p.add_argument("--split", default="test", choices=("test", "train"))
+    p.add_argument("--taus", default="1,1e-1,...,1e-6")
+    p.add_argument("--attacks", default="linear,mmse,unet", help=f"comma-separated, from {', '.join(ATTACKS[:3])}")
+    p.add_argument("--resize", type=int, default=0, help="upsample victims and public images to N px first (paper: 224)")
+    p.add_argument("--mmse-rank", type=int, default=256, help="rank of the MMSE prior's covariance (plus a diagonal)")
+    p.add_argument("--device", default="", help="auto, cpu or cuda (default: the settings' device)")
+    p.add_argument("--preset", default="")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="run setting, e.g. unet-epochs=5, attack-steps=200, alpha=0.7, seed=0")
+    p.add_argument("--out", default="", help="output folder (default runs/attacks/<time>-<datasets>)")
+    p.set_defaults(func=cmd_attack)

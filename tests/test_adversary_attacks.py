@@ -1,0 +1,151 @@
+"""The paper's attacks (linear inversion, U-Net) and the leakage metrics, on small real slices."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedsmix import data as datalib
+from fedsmix.config import load_settings
+from fedsmix.encoders import calibrate, data_statistics, encode, singularized_mixup
+from fedsmix.metrics import psnr_db, score, snr_db, ssim, theorem41_T
+from fedsmix.pipeline import Partition, encode_partition, encoder_params, load_public_pool
+from fedsmix.seeding import generator
+from server.adversary.analysis import leakage, theorem41
+from server.adversary.base import Observation
+from server.adversary.cases import observation
+from server.adversary.linear import LinearAttack
+from server.adversary.unet import UNetAttack
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The test machine's few cores are shared: oversubscribed threads cost more than they give."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def cifar_victims(data_dir: str, n: int) -> Partition:
+    raw = datalib.load_split("cifar10", "test", data_dir)
+    x, labels = datalib.normalized_tensors(raw, np.arange(n))
+    return Partition(0, x, labels, 10, raw.spec, np.arange(n))
+
+
+def test_linear_gradient_is_the_gradient_of_its_loss():
+    """The hand-written, chunked gradient equals autograd's on the unchunked loss (images and vectors)."""
+    g = torch.Generator().manual_seed(0)
+    attack = LinearAttack(lambda_tv=0.3, lambda_2=0.2, chunk=3)
+    weights = torch.rand(10, 2, generator=g)
+    sources = torch.stack([torch.arange(10), torch.randperm(10, generator=g)], dim=1)
+    for shape in ((3, 5, 6), (7,)):
+        x, target = torch.randn(10, *shape, generator=g), torch.randn(10, *shape, generator=g)
+        leaf = x.clone().requires_grad_()
+        attack.loss(leaf, target, weights, sources).backward()
+        torch.testing.assert_close(attack.gradient(x, target, weights, sources), leaf.grad, rtol=1e-5, atol=1e-8)
+
+
+def test_linear_attack_recovers_cifar10_without_noise(data_dir):
+    """r = 0 and W known: the system is exactly invertible, and the paper's Adam attack finds it."""
+    part = cifar_victims(data_dir, 32)
+    enc = singularized_mixup(part.x, part.one_hot(), 0.7, 0.0, generator(0, "test", "encode"))
+    obs = observation(enc, 0.0, part.spec)
+    recovered = LinearAttack(steps=1000).reconstruct(obs)
+    snr = snr_db(part.x, recovered)
+    assert snr.median() > 25 and snr.mean() > 25, snr
+    assert recovered.min() >= obs.lo.min() - 1e-6 and recovered.max() <= obs.hi.max() + 1e-6
+
+
+def test_linear_attack_snr_falls_as_tau_falls(data_dir):
+    part = cifar_victims(data_dir, 48)
+    means = []
+    for tau in (1.0, 1e-2, 1e-6):
+        settings = load_settings({"dataset": "cifar10", "tau": tau, "data-dir": data_dir})
+        enc, cal = encode_partition(settings, part)
+        means.append(float(snr_db(part.x, LinearAttack().reconstruct(observation(enc, cal.radius, part.spec))).mean()))
+    assert means[0] > means[1] > means[2], means
+    assert means[2] < 0  # the paper's regime: worse than guessing zero
+
+
+def test_linear_attack_runs_on_feature_vectors():
+    """No TV, no box: a 1280-d feature vector is just a vector."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 1280, generator=g)
+    enc = singularized_mixup(x, torch.zeros(40, 2), 0.7, 0.0, g)
+    obs = Observation(enc.x, 40, enc.weights, enc.sources, radius=0.0)
+    assert snr_db(x, LinearAttack(steps=2000).reconstruct(obs)).median() > 25  # no box: Adam needs longer
+
+
+def test_unet_learns_to_beat_the_mixed_input_on_public_data(data_dir):
+    """tau = 1, tiny budget: on held-out public encodings the U-Net beats the encoding itself and
+    the public mean (it learned something about the inverse, not just the average image)."""
+    settings = load_settings({"dataset": "digits", "tau": 1.0, "data-dir": data_dir})
+    spec = datalib.spec("digits")
+    public = load_public_pool(settings, spec)
+    held_out = public[-300:]
+    train = public[:-300]
+    radius = calibrate(data_statistics(train[:2000], generator(0, "stats")), 1.0, settings.alpha).radius
+    attack = UNetAttack(train, encoder_params(settings, radius), width=8, epochs=3, train_size=1024)
+    attack.fit(radius)
+    assert attack.report["train-loss"][-1] < attack.report["train-loss"][0]
+    enc = encode(held_out, torch.zeros(len(held_out), 1), encoder_params(settings, radius), generator(1, "held-out"))
+    unet = float(snr_db(held_out, attack.reconstruct(observation(enc, radius, spec))).mean())
+    mixed = float(snr_db(held_out, enc.x).mean())
+    blind = float(snr_db(held_out, train.mean(dim=0).expand_as(held_out)).mean())
+    assert unet > mixed + 1.0, (unet, mixed)
+    assert unet > blind + 0.5, (unet, blind)
+
+
+def test_unet_refuses_feature_vectors():
+    with pytest.raises(ValueError, match="image-shaped"):
+        UNetAttack(torch.zeros(10, 1280), encoder_params(load_settings({}), 1.0))
+
+
+def test_snr_psnr_ssim_match_hand_computed_values():
+    x = torch.tensor([[3.0, 4.0]])
+    assert snr_db(x, torch.tensor([[3.0, 3.0]])).item() == pytest.approx(10 * math.log10(25 / 1))
+    assert snr_db(x, torch.zeros(1, 2)).item() == pytest.approx(0.0, abs=1e-6)  # guessing zero: 0 dB
+    a, b = torch.full((1, 1, 8, 8), 0.5), torch.full((1, 1, 8, 8), 0.6)
+    assert psnr_db(a, b).item() == pytest.approx(10 * math.log10(1 / 0.01), rel=1e-4)  # MSE 0.01
+    c1 = 0.01**2  # constant images: SSIM = (2 m_a m_b + C1) / (m_a^2 + m_b^2 + C1), the contrast terms are 1
+    assert ssim(a, b).item() == pytest.approx((2 * 0.5 * 0.6 + c1) / (0.25 + 0.36 + c1), rel=1e-4)
+    assert ssim(b, b).item() == pytest.approx(1.0, abs=1e-6)
+    texture = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    assert ssim(texture, texture).tolist() == pytest.approx([1.0, 1.0], abs=1e-6)
+    # mean, std and the best-recovered index over images
+    x = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    x_hat = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]])  # SNR 0, 10 log10 4, 0
+    result, per_image = score(x, x_hat)
+    assert per_image["snr"].tolist() == pytest.approx([0.0, 10 * math.log10(4), 0.0], abs=1e-5)
+    assert result.best_index == 1 and result.snr_mean == pytest.approx(10 * math.log10(4) / 3, abs=1e-5)
+
+
+def test_gain_over_the_trivial_guess_is_the_difference_in_db():
+    x = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+    public_mean = torch.tensor([1.0, 1.0])  # error 2 for both: SNR 10 log10(4/2)
+    estimate = torch.tensor([[2.0, 1.0], [1.0, 2.0]])  # error 1: SNR 10 log10 4
+    report, _ = leakage(x, {"guess": estimate}, public_mean)
+    assert report["trivial"]["snr_mean"] == pytest.approx(10 * math.log10(2), abs=1e-5)
+    assert report["attacks"]["guess"]["gain"]["snr_db"] == pytest.approx(10 * math.log10(2), abs=1e-5)
+    report, _ = leakage(x, {"guess": estimate}, None)  # no public data: no gain, never a made-up one
+    assert "gain" not in report["attacks"]["guess"] and "trivial" not in report
+
+
+def test_theorem41_T_is_the_dense_inverse_and_reported_beside_the_error():
+    g = torch.Generator().manual_seed(2)
+    n = 9
+    w1 = 0.3 + 0.4 * torch.rand(n, generator=g, dtype=torch.float64)
+    weights = torch.stack([w1, 1 - w1], dim=1)
+    perm = torch.randperm(n, generator=g)
+    W = torch.diag(weights[:, 0]).index_put_((torch.arange(n), perm), weights[:, 1], accumulate=True)
+    W_inv = torch.linalg.inv(W)
+    dense = (W_inv**2 * weights[:, 1] ** 2).sum(dim=1)
+    torch.testing.assert_close(theorem41_T(weights, perm), dense)
+    x, x_hat = torch.ones(n, 4), torch.zeros(n, 4)
+    report = theorem41(x, x_hat, weights, perm, radius=2.0)
+    assert report["bound-median"] == pytest.approx(float((4 * dense).median()))
+    assert report["error-mean"] == pytest.approx(4.0)
