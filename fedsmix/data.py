@@ -160,8 +160,10 @@ def load_split(name: str, split: str, data_dir: str = "", download: bool = False
 
 
 def to_unit(images: np.ndarray, ds: DatasetSpec) -> torch.Tensor:
-    """Raw images -> float32 tensor in [0, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(images)).float().div_(ds.pixel_scale)
+    """Raw images -> a new float32 tensor in [0, 1] (never a view: float inputs, such as digits, are
+    often slices of the process-wide cached split, which an in-place division would corrupt)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(images))
+    return tensor.float().div_(ds.pixel_scale) if tensor.dtype != torch.float32 else tensor / ds.pixel_scale
 
 
 def normalize(unit: torch.Tensor, ds: DatasetSpec) -> torch.Tensor:

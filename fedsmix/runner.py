@@ -132,8 +132,9 @@ def make_plan(preset: str, sets: dict[str, Any] | None = None, axes: dict[str, l
     for key in sets:  # an explicit override fixes the key everywhere
         grid_axes.pop(key, None)
     for key in table_rows:
-        if key not in grid_axes:
+        if key not in grid_axes and key not in sets:
             raise SettingsError(f"grid.table-rows: {key!r} is not an axis of this grid ({', '.join(grid_axes)})")
+    table_rows = tuple(k for k in table_rows if k in grid_axes)
     base = {"preset": str(preset), **sets}
     base.pop("runs-dir", None)
     load_settings(base)
@@ -177,6 +178,10 @@ def run_cell(overrides: dict[str, Any], parties: int, engine: str, runs_dir: Pat
             outcome = flwr_run(_absolute_paths(overrides), parties, ports=(free_port(), free_port()), flwr_home=runs_dir / ".flwr")
             if not outcome.ok:
                 error = f"flwr run {outcome.run_id}: {outcome.status} (exit {outcome.returncode})"
+        elif engine == "direct":
+            from .direct import run as run_direct
+
+            run_direct(load_settings(overrides), parties)
         else:
             from server.simulate import simulate
 
@@ -279,9 +284,9 @@ class GridRun:
                     continue
                 out.append(
                     {
-                        "cell": cell.id, "parties": cell.parties, **cell.overrides(), "strategy": strategy,
+                        **summary, "cell": cell.id, "parties": cell.parties, **cell.overrides(), "strategy": strategy,
                         "label": label(cell, strategy, self.plan.table_rows),
-                        "reused-from": "" if summary["cell"] == cell.id else summary["cell"], **summary,
+                        "reused-from": "" if summary["cell"] == cell.id else summary["cell"],
                     }
                 )
         return out
@@ -480,8 +485,9 @@ def register(subparsers) -> None:
     grid.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run setting in every cell")
     grid.add_argument("--axis", action="append", default=[], metavar="KEY=V1,V2", help="replace or add an axis")
     grid.add_argument("--parties", default="", help="comma-separated party counts (replaces the preset's)")
-    grid.add_argument("--engine", choices=("simulate", "flwr"), default="simulate",
-                      help="in-process Flower simulation (default) or the `flwr run` CLI per cell")
+    grid.add_argument("--engine", choices=("simulate", "flwr", "direct"), default="simulate",
+                      help="in-process Flower simulation (default), the `flwr run` CLI per cell, or `direct`: the same "
+                      "library calls without Flower (for accelerator machines without Flower/Ray; payload bytes only)")
     grid.add_argument("--resume", default="", metavar="GRID_DIR", help="continue an interrupted grid in its directory")
     grid.add_argument("--dry-run", action="store_true", help="print the cells and what each runs, then stop")
     grid.set_defaults(func=cmd_grid)

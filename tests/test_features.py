@@ -180,3 +180,12 @@ def test_reported_effective_bound_matches_the_formula(digits_features, mode):
 def test_pixel_mapped_needs_a_backbone():
     with pytest.raises(ValueError, match="pixel-mapped"):
         load_settings({"radius-mode": "pixel-mapped"})
+
+
+def test_reading_pixels_never_alters_the_cached_split():
+    """digits are stored as float: converting a slice must not divide the process-wide copy in place."""
+    raw = datalib.load_split("digits", "train")
+    before = raw.images.copy()
+    datalib.to_unit(raw.images[:100], raw.spec)
+    datalib.to_unit(raw.images, raw.spec)
+    assert np.array_equal(raw.images, before)
