@@ -374,7 +374,8 @@ def markdown(plan: GridPlan, rows: list[dict[str, Any]]) -> str:
         if r["reused-from"]:
             continue
         detail.append([
-            r["cell"], r["label"], _pct(r.get("accuracy")), r.get("radius-mode") or "-", _sci(r.get("snr-bound-max")),
+            r["cell"], r["label"], _pct(r.get("accuracy")),
+            (r.get("radius-mode") or "-") if r["strategy"] == "mixup-union" else "-", _sci(r.get("snr-bound-max")),
             _sci(r.get("snr-empirical-mean")), _sci(r.get("radius-mean")), _sci(r.get("m-f-mean")),
             f"{r['bytes-up-per-party']:,.0f}" if r.get("bytes-up-per-party") is not None else "-",
             f"{r['bytes-down-per-party']:,.0f}" if r.get("bytes-down-per-party") is not None else "-",
@@ -422,6 +423,7 @@ def plot(plan: GridPlan, rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("effective SNR bound (largest over parties; smaller = more private)")
     ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(0, 100)
     ax.set_title(f"{plan.name}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
