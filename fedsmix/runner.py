@@ -330,7 +330,8 @@ def _sci(value: Any) -> str:
 def _columns(rows: list[dict]) -> list[tuple[str, str, str]]:
     """(column title, label, field): local-only gets party 0 and the mean over parties."""
     cols, seen = [], set()
-    for r in rows:
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    for r in sorted(rows, key=lambda r: strategies.index(r["strategy"])):  # stable: a strategy's labels together
         if r["label"] in seen:
             continue
         seen.add(r["label"])
@@ -412,9 +413,14 @@ def plot(plan: GridPlan, rows: list[dict[str, Any]], path: Path) -> None:
                          if (r.get("radius-mode") or "") == variant and isinstance(r.get("accuracy"), float))
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"mixup-union ({variant})")
+                clusters: dict[float, list] = {}  # points within ~25 % of each other share one label
                 for x, y, tau in pts:
-                    if tau is not None:
-                        ax.annotate(f"tau={tau:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                    clusters.setdefault(round(math.log10(x) * 10) / 10, []).append((x, y, tau))
+                for group in clusters.values():
+                    taus = sorted(t for _, _, t in group if t is not None)
+                    if taus:
+                        text = f"tau={taus[0]:g}" if len(taus) == 1 else f"tau={taus[0]:g}..{taus[-1]:g}"
+                        ax.annotate(text, group[0][:2], textcoords="offset points", xytext=(-40, 6), fontsize=7)
         baselines = _columns([r for r in rows if r["strategy"] != "mixup-union"])
         for i, (title, lab, fld) in enumerate(baselines):
             values = [100 * r[fld] for r in rows if r["label"] == lab and isinstance(r.get(fld), float)]
