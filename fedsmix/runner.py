@@ -250,6 +250,7 @@ class GridRun:
             "preset": plan.preset, "base": plan.base, "axes": plan.axes, "engine": engine,
             "started": state.get("started", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
             "cells": state.get("cells", {}),
+            **({"finished": state["finished"]} if "finished" in state else {}),
             "results": self.done,
         }
 
