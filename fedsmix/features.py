@@ -14,7 +14,6 @@ through clamping and the backbone, measured as a feature displacement.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from torch import nn
 from . import data as datalib
 from .config import Settings
 from .encoders import data_statistics, noise_multiplier, sample_sphere
+from .runs import atomic_write_json
 
 CACHE_ENV = "FEDSMIX_FEATURE_CACHE"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -290,7 +290,7 @@ def ensure_features(settings: Settings, split: str, progress: bool = True) -> Pa
                 "pooling": "global average of the last convolutional stage",
                 "seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__,
             }
-            path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+            atomic_write_json(path.with_suffix(".json"), meta)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
