@@ -40,6 +40,7 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
         except Exception as err:  # keep the other strategies' results, then fail the run
             results["strategies"][name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
             failures.append(f"{name}: {type(err).__name__}: {err}")
+        results["num-parties"] = len(list(grid.get_node_ids()))  # SuperNodes may register after the start
         results_io.write(run_dir, results)  # after every strategy: nothing finished is lost
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results_io.write(run_dir, results)

@@ -37,7 +37,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             else "-"
         )
         table.add_row(
-            name,
+            f"{name} ({res['radius-mode']})" if res.get("radius-mode") else name,
             _pct(res.get("accuracy")),
             _pct(res.get("party0-accuracy")),
             spread,
@@ -50,7 +50,9 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     console.print(table)
     mix = results.get("strategies", {}).get("mixup-union", {})
     if mix.get("parties"):
-        cal = Table(title="mixup-union: calibration per party (Theorem 4.2)")
+        mode = mix.get("radius-mode", "theorem")
+        cal = Table(title=f"mixup-union: calibration per party (radius mode {mode}, tau {mix.get('tau', '-')}; "
+                    "SNR bound = effective bound for this r)")
         for col in ("party", "n", "D", "c", "m_f", "r", "SNR bound", "SNR measured"):
             cal.add_column(col, justify="right")
         for party, p in sorted(mix["parties"].items(), key=lambda kv: int(kv[0])):

@@ -66,6 +66,8 @@ def run(ctx: RunContext) -> dict:
         "test-loss": metrics["loss"],
         "parties-used": len(parties),
         "union-size": len(x),
+        "radius-mode": s.radius_mode,  # how each party chose r: see the per-party radius, m-f, snr-bound
+        "tau": s.tau,
         "parties": {str(p): v for p, v in sorted(parties.items())},
         "dropped": dropped,
         "rejected": rejected,

@@ -1,0 +1,191 @@
+"""Backbone features: the on-disk cache, weight loading, and the radius modes measured in feature space."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+from fedsmix import data as datalib
+from fedsmix import features
+from fedsmix.config import load_settings
+from fedsmix.encoders import data_statistics, noise_multiplier, sample_sphere, snr_bound
+from fedsmix.pipeline import calibrate_party, encode_partition, load_partition, load_test
+from fedsmix.seeding import generator
+
+
+@pytest.fixture(scope="module")
+def resnet_weights(tmp_path_factory):
+    """A saved resnet18 state dict (random init): the weights-path loading route, without a download."""
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("weights") / "resnet18-random.pth"
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def digits_features(tmp_path_factory, resnet_weights):
+    """Settings for digits through resnet18 at 16 px, with the train split already extracted once."""
+    settings = load_settings(
+        {
+            "dataset": "digits", "backbone": "resnet18", "weights-path": str(resnet_weights), "image-size": 16,
+            "feature-cache-dir": str(tmp_path_factory.mktemp("features")), "partitioner": "iid",
+        }
+    )
+    features.features_for(settings, "train", None)
+    return settings
+
+
+def test_cache_extracts_once_then_reads_rows_from_the_file(digits_features, monkeypatch):
+    path = features.cache_path(digits_features, "train")
+    assert path.is_file() and path.with_suffix(".json").is_file()
+    full = features.features_for(digits_features, "train", None)
+    assert full.shape == (1437, 512) and full.dtype == torch.float32
+
+    def no_second_extraction(*args, **kwargs):
+        raise AssertionError("the cached split was extracted again")
+
+    monkeypatch.setattr(features, "extract_split", no_second_extraction)
+    rows = np.array([5, 0, 700, 3])
+    assert torch.equal(features.features_for(digits_features, "train", rows), full[rows])
+    assert isinstance(features.cached_features(digits_features, "train"), np.memmap)  # parties share pages
+
+
+def test_cache_key_changes_with_backbone_resolution_and_weights(digits_features, tmp_path):
+    base = features.cache_path(digits_features, "train")
+    assert features.cache_path(digits_features.replace(image_size=32), "train") != base
+    assert features.cache_path(digits_features, "test") != base
+    assert features.cache_path(digits_features.replace(backbone="efficientnet-lite0", weights_path=""), "train") != base
+    other = tmp_path / "other.pth"
+    torch.manual_seed(1)
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), other)
+    assert features.cache_path(digits_features.replace(weights_path=str(other)), "train") != base
+
+
+def test_interrupted_extraction_leaves_no_cache_file(digits_features, tmp_path, monkeypatch):
+    settings = digits_features.replace(feature_cache_dir=str(tmp_path))
+    real = features.extract_split
+
+    def crash_half_way(settings, split, out, progress=True):
+        out[: len(out) // 2] = 1.0
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(features, "extract_split", crash_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        features.ensure_features(settings, "test")
+    assert list(tmp_path.glob("*.npy")) == []  # neither a half-written cache nor its temporary file
+    monkeypatch.setattr(features, "extract_split", real)
+    x = features.features_for(settings, "test", None)
+    assert x.shape == (360, 512) and torch.isfinite(x).all() and x.abs().sum() > 0
+
+
+def test_weights_path_loads_the_saved_state_dict(resnet_weights, tmp_path):
+    settings = load_settings({"backbone": "resnet18", "weights-path": str(resnet_weights), "image-size": 32})
+    extractor = features.FeatureExtractor(settings)
+    reference = torchvision.models.resnet18(weights=None)
+    reference.load_state_dict(torch.load(resnet_weights))
+    reference.fc = torch.nn.Identity()
+    unit = torch.rand(4, 3, 32, 32)
+    with torch.no_grad():
+        expected = reference.eval()(extractor.preprocess(unit))
+    assert torch.allclose(extractor(unit), expected, atol=1e-5)
+
+    wrong = tmp_path / "wrong.pth"
+    torch.save({"conv1.weight": torch.zeros(1)}, wrong)
+    with pytest.raises(features.BackboneUnavailable, match="weights-path"):
+        features.FeatureExtractor(settings.replace(weights_path=str(wrong)))
+    with pytest.raises(features.BackboneUnavailable, match="weights-path"):
+        features.FeatureExtractor(settings.replace(weights_path=str(tmp_path / "missing.pth")))
+
+
+def test_efficientnet_lite0_uses_the_packaged_imagenet_weights():
+    settings = load_settings({"backbone": "efficientnet-lite0", "image-size": 32})
+    extractor = features.FeatureExtractor(settings)
+    assert extractor.weights.name == "efficientnet-lite0-57934424.pth"
+    state = torch.load(extractor.weights, weights_only=True)
+    assert torch.equal(extractor.net.net._conv_stem.weight, state["_conv_stem.weight"])
+    out = extractor(torch.rand(3, 1, 8, 8))  # grey images become RGB
+    assert out.shape == (3, 1280) and torch.isfinite(out).all()
+
+
+def test_test_split_and_partitions_live_in_feature_space(digits_features):
+    x, labels = load_test(digits_features)
+    assert x.shape == (360, 512) and len(labels) == 360
+    part = load_partition(digits_features, 1, 4)
+    assert part.x.shape[1:] == (512,)
+    assert torch.equal(part.x, features.features_for(digits_features, "train", part.rows))
+
+
+def _all_pairs_distance(x: torch.Tensor) -> float:
+    d = torch.cdist(x.double(), x.double())
+    n = len(x)
+    return float(d.sum() / (n * (n - 1)))
+
+
+def test_theorem_mode_noise_norm_is_mf_times_D_in_feature_space(digits_features):
+    settings = digits_features.replace(radius_mode="theorem", tau=1e-2)
+    part = load_partition(settings, 0, 4)
+    enc, cal = encode_partition(settings, part)
+    assert cal.mode == "theorem"
+    assert cal.D == pytest.approx(_all_pairs_distance(part.x), rel=0.02)  # D measured on features, not pixels
+    expected_mf = math.sqrt((0.7**2 / (1e-2 * 0.3**2) - 1) / (2 * cal.c))
+    assert cal.m_f == pytest.approx(expected_mf, rel=1e-9)
+    assert enc.noise.shape == part.x.shape
+    norms = enc.noise.double().norm(dim=1)
+    assert torch.allclose(norms, torch.full_like(norms, cal.m_f * cal.D), rtol=1e-5)
+
+
+def test_pixel_mapped_radius_is_the_measured_feature_displacement(digits_features):
+    """An independent measurement on all of the party's images agrees within sampling error."""
+    settings = digits_features.replace(radius_mode="pixel-mapped", tau=1e-6)
+    part = load_partition(settings, 0, 4)
+    samples = 96
+    radius = features.pixel_mapped_radius(settings, part, generator(0, "test", "estimate"), samples=samples)
+
+    raw = datalib.load_split("digits", "train")
+    pixels = datalib.normalize(datalib.to_unit(raw.images[part.rows], raw.spec), raw.spec)
+    stats = data_statistics(pixels, generator(1, "test", "pixel-stats"))
+    r_pixels = noise_multiplier(1e-6, 0.7, stats.c) * stats.D
+    noise = sample_sphere(len(pixels), tuple(pixels.shape[1:]), r_pixels, generator(2, "test", "noise"))
+    lo, hi = datalib.valid_range(raw.spec)
+    noisy = torch.clamp(pixels + noise, lo, hi)
+    extractor = features.FeatureExtractor(settings)
+    displacement = (extractor(datalib.denormalize(noisy, raw.spec)) - part.x).double().norm(dim=1)
+    stderr = float(displacement.std()) / math.sqrt(samples)
+    assert abs(radius - float(displacement.mean())) < 4 * stderr + 1e-3 * float(displacement.mean())
+    # clamped, saturated pixel noise moves features far less than Theorem 4.2 asks for in feature space
+    theorem = calibrate_party(settings.replace(radius_mode="theorem"), part)
+    assert radius < 0.1 * theorem.radius
+
+
+@pytest.mark.parametrize("mode", ["theorem", "pixel-mapped", "fixed"])
+def test_reported_effective_bound_matches_the_formula(digits_features, mode):
+    settings = digits_features.replace(radius_mode=mode, tau=1e-3, radius=5.0 if mode == "fixed" else 0.0)
+    part = load_partition(settings, 2, 4)
+    cal = calibrate_party(settings, part)
+    assert cal.mode == mode
+    m_f = cal.radius / cal.D
+    assert cal.m_f == pytest.approx(m_f, rel=1e-9)
+    assert cal.snr_bound == pytest.approx(0.7**2 / (0.3**2 * (1 + 2 * cal.c * m_f**2)), rel=1e-9)
+    assert cal.snr_bound == pytest.approx(snr_bound(0.7, cal.c, m_f))
+    if mode == "theorem":
+        assert cal.snr_bound == pytest.approx(1e-3, rel=1e-9)
+    if mode == "fixed":
+        assert cal.radius == 5.0
+
+
+def test_pixel_mapped_needs_a_backbone():
+    with pytest.raises(ValueError, match="pixel-mapped"):
+        load_settings({"radius-mode": "pixel-mapped"})
+
+
+def test_reading_pixels_never_alters_the_cached_split():
+    """digits are stored as float: converting a slice must not divide the process-wide copy in place."""
+    raw = datalib.load_split("digits", "train")
+    before = raw.images.copy()
+    datalib.to_unit(raw.images[:100], raw.spec)
+    datalib.to_unit(raw.images, raw.spec)
+    assert np.array_equal(raw.images, before)
