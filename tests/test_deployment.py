@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import shutil
 import stat
@@ -46,7 +47,8 @@ def compose_config(files: list[Path]) -> dict:
     if shutil.which("docker-compose") is None:
         pytest.fail("docker-compose is not installed: `apt-get install -y docker-compose` (.ci/run does this)")
     args = [arg for path in files for arg in ("-f", str(path))]
-    out = subprocess.run(["docker-compose", *args, "config"], cwd=REPO, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}  # Debian's python runs it
+    out = subprocess.run(["docker-compose", *args, "config"], cwd=REPO, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     return yaml.safe_load(out.stdout)
 
