@@ -160,8 +160,8 @@ def load_split(name: str, split: str, data_dir: str = "", download: bool = False
 
 
 def to_unit(images: np.ndarray, ds: DatasetSpec) -> torch.Tensor:
-    """Raw images -> float32 tensor in [0, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(images)).float().div_(ds.pixel_scale)
+    """Raw images -> float32 tensor in [0, 1]. Never in place: a float32 split (digits) is the cached array itself."""
+    return torch.from_numpy(np.ascontiguousarray(images)).float().div(ds.pixel_scale)
 
 
 def normalize(unit: torch.Tensor, ds: DatasetSpec) -> torch.Tensor:

@@ -70,7 +70,10 @@ def test_tiny_frontier_writes_table_csv_and_plot(runs_dir):
     assert instahide["attack"] != "trivial guess" and float(instahide["gain_snr_db"]) > 1
     study = list(csv.DictReader((run_dir / "reencoding.csv").open()))
     assert [(r["strategy"], r["encodings_per_sample"]) for r in study] == [
-        ("instahide-inside-k4", "1"), ("instahide-inside-k4", "2"), ("singularized-tau1e-2", "1"), ("singularized-tau1e-2", "2")
+        ("instahide-inside-k4", "1"),
+        ("instahide-inside-k4", "2"),
+        ("singularized-tau1e-2", "1"),
+        ("singularized-tau1e-2", "2"),
     ]
     markdown = (run_dir / "frontier.md").read_text()
     assert "| strategy | test acc % |" in markdown and all(f"| {name} |" in markdown for name in rows)

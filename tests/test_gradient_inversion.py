@@ -1,6 +1,5 @@
 """Inverting gradients against a first-round FedAvg/FedProx update, produced as the ClientApp trains."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -89,8 +89,16 @@ def test_T_encodings_are_independent_with_fresh_masks(cifar):
 
 
 def test_party_encoding_uses_the_settings_and_replays(data_dir):
-    settings = load_settings({"dataset": "cifar10", "data-dir": data_dir, "train-subset": 600, "encoder": "instahide-cross",
-                              "mix-k": 4, "partitioner": "iid"})
+    settings = load_settings(
+        {
+            "dataset": "cifar10",
+            "data-dir": data_dir,
+            "train-subset": 600,
+            "encoder": "instahide-cross",
+            "mix-k": 4,
+            "partitioner": "iid",
+        }
+    )
     part = load_partition(settings, 0, 3)
     a, _ = encode_partition(settings, part)
     b, _ = encode_partition(settings, load_partition(settings, 0, 3))

@@ -43,8 +43,15 @@ def mnist(data_dir):
 def observe(x, y, name, lo, hi, public=None, T=1, k=4, radius=0.0, seed=0):
     enc = encode(x, y, EncoderParams(name=name, k=k, radius=radius, encodings_per_sample=T), gen(seed), public=public)
     obs = Observation(
-        x_tilde=enc.x, n_private=len(x), weights=enc.weights, sources=enc.sources, radius=radius or None,
-        public=public if enc.public_sources is not None else None, public_sources=enc.public_sources, lo=lo, hi=hi,
+        x_tilde=enc.x,
+        n_private=len(x),
+        weights=enc.weights,
+        sources=enc.sources,
+        radius=radius or None,
+        public=public if enc.public_sources is not None else None,
+        public_sources=enc.public_sources,
+        lo=lo,
+        hi=hi,
         extras={"masked": enc.signs is not None, "prior_mean": public.mean(dim=0) if public is not None else None},
     )
     return obs, enc

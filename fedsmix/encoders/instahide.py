@@ -26,7 +26,9 @@ def sign_masks(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tens
     return torch.randint(0, 2, shape, generator=generator).mul_(2).sub_(1).float()
 
 
-def _cross_weights(n: int, k: int, cap: float, private_min: float, generator: torch.Generator, max_rounds: int = 1000) -> torch.Tensor:
+def _cross_weights(
+    n: int, k: int, cap: float, private_min: float, generator: torch.Generator, max_rounds: int = 1000
+) -> torch.Tensor:
     """Weights with max <= cap and the first two (private) summing to >= private_min, by rejection."""
     if private_min > min(1.0, 2 * cap) or (private_min >= 1.0 and k > 2):
         raise ValueError(

@@ -11,11 +11,12 @@ mixture lies from the data mean, not on which side: one lost bit per pixel and e
 is recovered where the valid pixel range allows only one side (the candidate -|x~| - p would be
 darker than black: the mixture is bright) or where a candidate sits exactly on the range's edge
 (four black backgrounds mix to exactly black: an atom a continuous mixture never hits from the
-other side); the remaining bits are re-estimated from the current solution, alternating with the
-solve (error reduction, as in phase retrieval). With every sign right the solve is exact; the
-residual ambiguity is a per-pixel sign shared by all samples (x and -x give the same |x~| in
-inside-dataset mode), which the box resolves on MNIST (-x would leave the range) but often not on
-CIFAR-10, whose normalised range is nearly symmetric.
+other side); where the range is clearly skewed (MNIST's mean sits near black) the darker candidate
+is the likelier one; the remaining bits are re-estimated from the current solution, alternating
+with the solve (error reduction, as in phase retrieval). With every sign right the solve is
+exact; the residual ambiguity is a per-pixel sign shared by all samples (x and -x give the same
+|x~| in inside-dataset mode), which the box resolves on MNIST (-x would leave the range) but
+often not on CIFAR-10, whose normalised range is nearly symmetric.
 """
 
 from __future__ import annotations

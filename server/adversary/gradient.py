@@ -61,13 +61,15 @@ def dropped_inputs(update: torch.Tensor, weight: torch.Tensor, lr: float, weight
     return residual <= 1e-4 * residual.max()
 
 
-def attacker_copy(model: nn.Module, update: list[torch.Tensor] | None = None, lr: float = 0.0, weight_decay: float = 0.0) -> nn.Module:
+def attacker_copy(
+    model: nn.Module, update: list[torch.Tensor] | None = None, lr: float = 0.0, weight_decay: float = 0.0
+) -> nn.Module:
     """The global model as the party ran it: BatchNorm on batch statistics; dropout off, or, when
     `update` comes from one SGD step on one image, with the mask read off the update."""
     clone = copy.deepcopy(model).float()
     clone.train()
     params = {id(p): i for i, p in enumerate(p for p in clone.parameters() if p.requires_grad)}
-    for parent in clone.modules():
+    for parent in list(clone.modules()):
         children = list(parent.named_children())
         for (name, child), (_, after) in zip(children, children[1:] + [(None, None)]):
             if not isinstance(child, nn.Dropout | nn.Dropout1d | nn.Dropout2d):
@@ -83,7 +85,15 @@ class InvertingGradients(Attack):
     name = "gradient"
     threat_model = "sees one party's weight change for a round, the global model, the labels and the batch size"
 
-    def __init__(self, steps: int = 1000, restarts: int = 2, lr: float = 0.1, tv: float = 1e-2, seed: int = 0, signed: bool = True):
+    def __init__(
+        self,
+        steps: int = 1000,
+        restarts: int = 2,
+        lr: float = 0.1,
+        tv: float = 1e-2,
+        seed: int = 0,
+        signed: bool = True,
+    ):
         if steps < 8:
             raise ValueError(f"gradient inversion needs at least 8 steps for its schedule, got {steps}")
         self.steps, self.restarts, self.lr, self.tv, self.seed, self.signed = steps, restarts, lr, tv, seed, signed

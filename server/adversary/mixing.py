@@ -86,8 +86,16 @@ def mixing_system(obs: Observation, dtype: torch.dtype = torch.float64) -> Mixin
 def flat_bounds(obs: Observation, d: int, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-coordinate bounds (1, d); unbounded when the observation carries none (feature vectors)."""
     shape = (1, *obs.sample_shape)
-    lo = obs.lo.expand(shape).reshape(1, d).to(dtype) if obs.lo is not None else torch.full((1, d), -torch.inf, dtype=dtype)
-    hi = obs.hi.expand(shape).reshape(1, d).to(dtype) if obs.hi is not None else torch.full((1, d), torch.inf, dtype=dtype)
+    lo = (
+        obs.lo.expand(shape).reshape(1, d).to(dtype)
+        if obs.lo is not None
+        else torch.full((1, d), -torch.inf, dtype=dtype)
+    )
+    hi = (
+        obs.hi.expand(shape).reshape(1, d).to(dtype)
+        if obs.hi is not None
+        else torch.full((1, d), torch.inf, dtype=dtype)
+    )
     return lo, hi
 
 

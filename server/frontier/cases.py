@@ -86,7 +86,13 @@ def check_against_store(obs: Observation, upload_path) -> None:
 
 
 def first_round_update(
-    settings: Settings, part: Partition, rows: torch.Tensor, mu: float, batch_size: int, local_epochs: int, device: str = "cpu"
+    settings: Settings,
+    part: Partition,
+    rows: torch.Tensor,
+    mu: float,
+    batch_size: int,
+    local_epochs: int,
+    device: str = "cpu",
 ) -> GradientObservation:
     """The victim's first-round FedAvg/FedProx update on `rows`, trained exactly as the ClientApp trains."""
     client = settings.replace(batch_size=batch_size, local_epochs=local_epochs)
@@ -96,9 +102,17 @@ def first_round_update(
     cfg = train_config(client, device, federated_client=True, proximal_mu=mu)
     torch.manual_seed(settings.seed + part.party)
     x, labels = part.x[rows], part.labels[rows]
-    train(model, x, datalib.one_hot(labels, part.num_classes), cfg, generator(settings.seed, "federated", part.party, 1),
-          proximal_reference=reference)
-    update = [g.detach() - w.detach().cpu() for g, w in zip(global_model.parameters(), model.parameters()) if g.requires_grad]
+    train(
+        model,
+        x,
+        datalib.one_hot(labels, part.num_classes),
+        cfg,
+        generator(settings.seed, "federated", part.party, 1),
+        proximal_reference=reference,
+    )
+    update = [
+        g.detach() - w.detach().cpu() for g, w in zip(global_model.parameters(), model.parameters()) if g.requires_grad
+    ]
     lo, hi = bounds(settings, part)
     return GradientObservation(
         model=global_model,

@@ -32,10 +32,21 @@ from server.adversary.gradient import InvertingGradients
 
 from . import report
 from .attacks import APPLICABLE, MIXING_ATTACKS
-from .cases import Victims, check_against_store, first_round_update, match_within_labels, public_mean, upload_observation, victims
+from .cases import (
+    Victims,
+    check_against_store,
+    first_round_update,
+    match_within_labels,
+    public_mean,
+    upload_observation,
+    victims,
+)
 from .plan import FrontierPlan, Row, load_plan, parse_row
 
-BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 2, "include_dashboard": False}}
+BACKEND = {
+    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+    "init_args": {"num_cpus": 2, "include_dashboard": False},
+}
 
 
 def run_rows(row_settings: list[Settings], num_parties: int) -> list[dict]:
@@ -59,7 +70,9 @@ def run_rows(row_settings: list[Settings], num_parties: int) -> list[dict]:
             except Exception as err:  # keep the row, with its partial results and the reason
                 latest = Path(settings.runs_dir) / "latest" / "results.json"
                 partial = json.loads(latest.read_text()) if latest.exists() else {"strategies": {}}
-                results.append({**partial, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
+                results.append(
+                    {**partial, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+                )
 
     run_simulation(app, client_app, num_supernodes=num_parties, backend_config=BACKEND)
     if len(results) != len(row_settings):
@@ -73,7 +86,9 @@ def _to_unit(vict: Victims, settings: Settings):
     return lambda t: datalib.denormalize(t, vict.part.spec)
 
 
-def _scored(name: str, vict: Victims, x_hat: torch.Tensor, prior: torch.Tensor, to_unit, seconds: float, **info) -> dict:
+def _scored(
+    name: str, vict: Victims, x_hat: torch.Tensor, prior: torch.Tensor, to_unit, seconds: float, **info
+) -> dict:
     """Scores against the trivial guess (the agreed leakage axis) and against the party's own mean
     sample, an oracle guess: a gain over the trivial guess but not over the party mean means the
     attack learnt the party's average image, not its individual samples."""
@@ -83,12 +98,21 @@ def _scored(name: str, vict: Victims, x_hat: torch.Tensor, prior: torch.Tensor, 
     a, t, g = s["attack"], s["trivial"], s["gain"]
     ssim = s["per_image"]["ssim"]
     return {
-        "attack": name, "snr_db": a["snr_mean"], "psnr_db": a["psnr_mean"], "ssim": a["ssim_mean"],
-        "trivial_snr_db": t["snr_mean"], "trivial_psnr_db": t["psnr_mean"], "trivial_ssim": t["ssim_mean"],
-        "gain_snr_db": g["snr_db"], "gain_psnr_db": g["psnr_db"], "gain_ssim": g["ssim"],
+        "attack": name,
+        "snr_db": a["snr_mean"],
+        "psnr_db": a["psnr_mean"],
+        "ssim": a["ssim_mean"],
+        "trivial_snr_db": t["snr_mean"],
+        "trivial_psnr_db": t["psnr_mean"],
+        "trivial_ssim": t["ssim_mean"],
+        "gain_snr_db": g["snr_db"],
+        "gain_psnr_db": g["psnr_db"],
+        "gain_ssim": g["ssim"],
         "best_ssim": float(ssim.max()) if not torch.isnan(ssim).all() else float("nan"),
-        "party_mean_snr_db": party_mean, "gain_vs_party_mean_db": a["snr_mean"] - party_mean,
-        "attack_seconds": seconds, **info,
+        "party_mean_snr_db": party_mean,
+        "gain_vs_party_mean_db": a["snr_mean"] - party_mean,
+        "attack_seconds": seconds,
+        **info,
     }
 
 
@@ -99,7 +123,9 @@ def _digest(tensors: list[torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def gradient_estimates(settings: Settings, vict: Victims, plan: FrontierPlan, mu: float, cache: dict) -> tuple[torch.Tensor, dict]:
+def gradient_estimates(
+    settings: Settings, vict: Victims, plan: FrontierPlan, mu: float, cache: dict
+) -> tuple[torch.Tensor, dict]:
     """Invert the victim's first-round update, one batch of `gradient-batch-size` victims at a time."""
     B, pieces, steps = plan.gradient_batch_size, [], 0
     for start in range(0, len(vict.index), B):
@@ -112,14 +138,18 @@ def gradient_estimates(settings: Settings, vict: Victims, plan: FrontierPlan, mu
             )
         key = _digest(obs.update + [obs.labels])
         if key not in cache:  # FedAvg and FedProx send the same update after one step: attack it once
-            attack = InvertingGradients(plan.gradient_steps, plan.gradient_restarts, tv=plan.gradient_tv, seed=settings.seed)
+            attack = InvertingGradients(
+                plan.gradient_steps, plan.gradient_restarts, tv=plan.gradient_tv, seed=settings.seed
+            )
             cache[key] = attack.reconstruct(obs)
         pieces.append(match_within_labels(vict.part.x[rows], cache[key], vict.part.labels[rows]))
         steps = obs.local_steps
     return torch.cat(pieces), {"batch_size": B, "local_steps": steps}
 
 
-def leakage(row: Row, settings: Settings, run: dict, vict: Victims, prior: torch.Tensor, plan: FrontierPlan, cache: dict):
+def leakage(
+    row: Row, settings: Settings, run: dict, vict: Victims, prior: torch.Tensor, plan: FrontierPlan, cache: dict
+):
     """Every applicable attack on the victims, scored; the trivial guess is the floor."""
     to_unit, x = _to_unit(vict, settings), vict.x
     trivial = prior.unsqueeze(0).expand_as(x).clone()
@@ -129,7 +159,9 @@ def leakage(row: Row, settings: Settings, run: dict, vict: Victims, prior: torch
         t0 = time.perf_counter()
         mu = settings.proximal_mu if row.strategy == "fedprox" else 0.0
         x_hat, info = gradient_estimates(settings, vict, plan, mu, cache)
-        scored.append((_scored("gradient inversion", vict, x_hat, prior, to_unit, time.perf_counter() - t0, **info), x_hat))
+        scored.append(
+            (_scored("gradient inversion", vict, x_hat, prior, to_unit, time.perf_counter() - t0, **info), x_hat)
+        )
     elif names:
         obs, _ = upload_observation(settings, vict.part, prior)
         stored = Path(run.get("run-dir", "")) / "uploads" / f"party-{plan.victim_party:03d}.x.npy"
@@ -143,7 +175,9 @@ def leakage(row: Row, settings: Settings, run: dict, vict: Victims, prior: torch
     return best, [s for s, _ in scored]
 
 
-def reencoding(rows: list[Row], row_settings: list[Settings], vict: Victims, prior: torch.Tensor, plan: FrontierPlan) -> list[dict]:
+def reencoding(
+    rows: list[Row], row_settings: list[Settings], vict: Victims, prior: torch.Tensor, plan: FrontierPlan
+) -> list[dict]:
     """The averaging attack against T encodings of each private sample (InstaHide re-encodes every epoch)."""
     out = []
     for row, settings in zip(rows, row_settings):
@@ -188,20 +222,24 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
         records.append({**base_record, **best})
         attacks += [{**base_record, **s} for s in scored]
         panels[f"{row.name}\n{best['attack']}"] = x_hat
-        print(f"  {row.name}: accuracy {base_record['accuracy']}, strongest {best['attack']} "
-              f"gain {best['gain_snr_db']:+.2f} dB", flush=True)
+        print(
+            f"  {row.name}: accuracy {base_record['accuracy']}, strongest {best['attack']} "
+            f"gain {best['gain_snr_db']:+.2f} dB",
+            flush=True,
+        )
     report.dominated_by(records)
     study = reencoding(rows, row_settings, vict, prior, plan)
 
     meta = {
         "dataset": base.dataset,
         "budget": (
-            f"{base.dataset}, train-subset {base.train_subset or 'all'}, {plan.parties} parties ({base.partitioner}), "
-            f"seed {base.seed}; victims: party {plan.victim_party}'s first {len(vict.index)} of {len(vict.part.x)} samples, "
-            f"the same for every attack. Central/local training {base.epochs} epochs, FedAvg/FedProx {base.rounds} rounds x "
-            f"{base.local_epochs} local epoch(s) (mu {base.proximal_mu}), batch {base.batch_size}. abs-solve {base.attack_steps} "
-            f"iterations; gradient inversion {plan.gradient_steps} steps x {plan.gradient_restarts} restarts on the "
-            f"first-round update of B={plan.gradient_batch_size} image(s), {plan.gradient_local_epochs} local epoch(s). "
+            f"{base.dataset}, train-subset {base.train_subset or 'all'}, {plan.parties} parties "
+            f"({base.partitioner}), seed {base.seed}; victims: party {plan.victim_party}'s first "
+            f"{len(vict.index)} of {len(vict.part.x)} samples, the same for every attack. Central/local training "
+            f"{base.epochs} epochs, FedAvg/FedProx {base.rounds} rounds x {base.local_epochs} local epoch(s) "
+            f"(mu {base.proximal_mu}), batch {base.batch_size}. abs-solve {base.attack_steps} iterations; gradient "
+            f"inversion {plan.gradient_steps} steps x {plan.gradient_restarts} restarts on the first-round update of "
+            f"B={plan.gradient_batch_size} image(s), {plan.gradient_local_epochs} local epoch(s). "
             f"Total wall time {time.perf_counter() - t_start:.0f} s."
         ),
     }
@@ -213,8 +251,13 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
     report.scatter(run_dir / "frontier.png", records, f"{base.dataset}: accuracy vs leakage")
     report.reconstructions(run_dir / "reconstructions.png", vict.x, panels, _to_unit(vict, base))
     summary = {
-        "run-dir": str(run_dir), "plan": plan.model_dump(by_alias=True), "settings": base.model_dump(by_alias=True),
-        "meta": meta, "records": records, "attacks": attacks, "reencoding": study,
+        "run-dir": str(run_dir),
+        "plan": plan.model_dump(by_alias=True),
+        "settings": base.model_dump(by_alias=True),
+        "meta": meta,
+        "records": records,
+        "attacks": attacks,
+        "reencoding": study,
     }
     atomic_write_json(run_dir / "frontier.json", summary)
     print(text, flush=True)
@@ -236,8 +279,15 @@ def cmd_frontier(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     frontier = subparsers.add_parser("frontier", help="accuracy, bytes and leakage of every strategy on one table")
     frontier.add_argument("--preset", default="configs/frontier-mnist.yaml")
-    frontier.add_argument("--parties", type=int, default=0, help="number of parties (default: the preset's frontier.parties)")
+    frontier.add_argument(
+        "--parties", type=int, default=0, help="number of parties (default: the preset's frontier.parties)"
+    )
     frontier.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run setting override")
-    frontier.add_argument("--plan", action="append", default=[], metavar="KEY=VALUE",
-                          help="frontier section override, e.g. rows=fedavg,mixup-k2 or gradient-steps=200")
+    frontier.add_argument(
+        "--plan",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="frontier section override, e.g. rows=fedavg,mixup-k2 or gradient-steps=200",
+    )
     frontier.set_defaults(func=cmd_frontier)

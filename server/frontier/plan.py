@@ -16,10 +16,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedsmix.config import Settings, SettingsError, resolve_preset
 
-ROW_FORMS = "local-only, fedavg, fedprox, mixup-k<K>, instahide-inside-k<K>, instahide-cross-k<K>, singularized-tau<TAU>"
+ROW_FORMS = (
+    "local-only, fedavg, fedprox, mixup-k<K>, instahide-inside-k<K>, instahide-cross-k<K>, singularized-tau<TAU>"
+)
 DEFAULT_ROWS = (
-    "local-only", "fedavg", "fedprox", "mixup-k2", "instahide-inside-k4", "instahide-cross-k4",
-    "singularized-tau1e-2", "singularized-tau1e-4", "singularized-tau1e-6",
+    "local-only",
+    "fedavg",
+    "fedprox",
+    "mixup-k2",
+    "instahide-inside-k4",
+    "instahide-cross-k4",
+    "singularized-tau1e-2",
+    "singularized-tau1e-4",
+    "singularized-tau1e-6",
 )
 
 
@@ -56,7 +65,9 @@ def parse_row(name: str) -> Row:
 class FrontierPlan(BaseModel):
     """The preset's `frontier:` section (dashed keys, like every setting)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=lambda n: n.replace("_", "-"), populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=lambda n: n.replace("_", "-"), populate_by_name=True
+    )
 
     parties: int = Field(5, ge=2)
     victim_party: int = Field(0, ge=0)
@@ -97,7 +108,9 @@ def load_plan(preset: str | None, overrides: dict[str, Any] | None = None) -> Fr
     try:
         plan = FrontierPlan.model_validate({k.replace("_", "-"): v for k, v in data.items()})
     except ValidationError as err:
-        problems = [f"frontier.{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()]
+        problems = [
+            f"frontier.{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()
+        ]
         raise SettingsError("; ".join(problems)) from None
     if plan.victim_party >= plan.parties:
         raise SettingsError(f"frontier.victim-party: {plan.victim_party} is outside 0..{plan.parties - 1}")

@@ -12,22 +12,42 @@ import torch
 from fedsmix.runs import atomic_write_bytes
 
 COLUMNS = (
-    "strategy", "accuracy", "attack", "batch_size", "local_steps", "snr_db", "psnr_db", "ssim",
-    "gain_snr_db", "gain_psnr_db", "gain_ssim", "best_ssim", "trivial_snr_db", "trivial_psnr_db", "trivial_ssim",
-    "party_mean_snr_db", "gain_vs_party_mean_db", "bytes_up_per_party", "measured_bytes_up_per_party", "wall_seconds",
-    "attack_seconds", "dominated_by",
+    "strategy",
+    "accuracy",
+    "attack",
+    "batch_size",
+    "local_steps",
+    "snr_db",
+    "psnr_db",
+    "ssim",
+    "gain_snr_db",
+    "gain_psnr_db",
+    "gain_ssim",
+    "best_ssim",
+    "trivial_snr_db",
+    "trivial_psnr_db",
+    "trivial_ssim",
+    "party_mean_snr_db",
+    "gain_vs_party_mean_db",
+    "bytes_up_per_party",
+    "measured_bytes_up_per_party",
+    "wall_seconds",
+    "attack_seconds",
+    "dominated_by",
 )
 
 
 def dominated_by(records: list[dict]) -> None:
     """Mark each row with the rows that beat it on accuracy, leakage (SNR gain) and bytes at once."""
+
     def key(r):
         return (r["accuracy"] if r["accuracy"] is not None else -math.inf, -r["gain_snr_db"], -r["bytes_up_per_party"])
 
     for r in records:
         mine = key(r)
         better = [
-            o["strategy"] for o in records
+            o["strategy"]
+            for o in records
             if o is not r and all(a >= b for a, b in zip(key(o), mine)) and any(a > b for a, b in zip(key(o), mine))
         ]
         r["dominated_by"] = " ".join(better)
@@ -72,8 +92,8 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict) -> str:
             f"| {r['strategy']} | {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} | {attack} "
             f"| {_f(r['snr_db'], '.2f')} | {_f(r['psnr_db'], '.2f')} | {_f(r['ssim'], '.3f')} "
             f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['gain_ssim'], '+.3f')} "
-            f"| {_f(r['best_ssim'], '.3f')} | {_f(r['gain_vs_party_mean_db'], '+.2f')} | {r['bytes_up_per_party']:,.0f} "
-            f"| {_f(r['wall_seconds'], '.1f')} "
+            f"| {_f(r['best_ssim'], '.3f')} | {_f(r['gain_vs_party_mean_db'], '+.2f')} "
+            f"| {r['bytes_up_per_party']:,.0f} | {_f(r['wall_seconds'], '.1f')} "
             f"| {r['dominated_by'] or '-'} |"
         )
     if reencoding:
@@ -86,8 +106,8 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict) -> str:
         ]
         for r in reencoding:
             lines.append(
-                f"| {r['strategy']} | {r['encodings_per_sample']} | {_f(r['snr_db'], '.2f')} | {_f(r['gain_snr_db'], '+.2f')} "
-                f"| {_f(r['gain_vs_party_mean_db'], '+.2f')} "
+                f"| {r['strategy']} | {r['encodings_per_sample']} | {_f(r['snr_db'], '.2f')} "
+                f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_vs_party_mean_db'], '+.2f')} "
                 f"| {_f(r['ssim'], '.3f')} | {_f(r['gain_ssim'], '+.3f')} | {_f(r['best_ssim'], '.3f')} |"
             )
     return "\n".join(lines) + "\n"
@@ -103,12 +123,21 @@ def scatter(path: Path, records: list[dict], title: str) -> None:
     points = [r for r in records if r["accuracy"] is not None]
     biggest = max((r["bytes_up_per_party"] for r in points), default=1) or 1
     fig, ax = plt.subplots(figsize=(7.5, 5))
+    groups: list[tuple[float, float, list[str]]] = []  # rows on (nearly) the same spot share one label
     for r in points:
+        x, y = r["gain_snr_db"], 100 * r["accuracy"]
         size = 30 + 900 * math.sqrt(r["bytes_up_per_party"] / biggest)
-        ax.scatter(r["gain_snr_db"], 100 * r["accuracy"], s=size, alpha=0.55, edgecolors="black", linewidths=0.6)
-        ax.annotate(r["strategy"], (r["gain_snr_db"], 100 * r["accuracy"]), fontsize=8, xytext=(5, 4), textcoords="offset points")
+        ax.scatter(x, y, s=size, alpha=0.55, edgecolors="black", linewidths=0.6)
+        near = next((g for g in groups if abs(g[0] - x) < 0.5 and abs(g[1] - y) < 2.0), None)
+        if near:
+            near[2].append(r["strategy"])
+        else:
+            groups.append((x, y, [r["strategy"]]))
+    for x, y, names in groups:
+        ax.annotate(", ".join(names), (x, y), fontsize=8, xytext=(5, 4), textcoords="offset points")
+    ax.set_xscale("symlog", linthresh=10)  # exact recoveries reach +100 dB; keep 0-10 dB readable
     ax.axvline(0.0, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_xlabel("leakage: strongest attack's SNR gain over the trivial guess (dB)")
+    ax.set_xlabel("leakage: strongest attack's SNR gain over the trivial guess (dB, symlog)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(f"{title}\nmarker area ~ sqrt(bytes sent per party); max {biggest:,.0f} B")
     ax.grid(alpha=0.3)
@@ -117,7 +146,9 @@ def scatter(path: Path, records: list[dict], title: str) -> None:
     plt.close(fig)
 
 
-def reconstructions(path: Path, truth: torch.Tensor, panels: dict[str, torch.Tensor], to_unit, columns: int = 8) -> None:
+def reconstructions(
+    path: Path, truth: torch.Tensor, panels: dict[str, torch.Tensor], to_unit, columns: int = 8
+) -> None:
     """First victims (top row) and each strategy's strongest reconstruction of them."""
     import matplotlib
 
