@@ -11,26 +11,40 @@ def settings_config(ctx: RunContext, **extra) -> ConfigRecord:
     return ConfigRecord({"settings": ctx.settings.to_json(), **extra})
 
 
-def split_replies(replies: list[Message], expected_nodes: list[int], timeout: float) -> tuple[list[Message], list[dict]]:
-    """Replies with content, and one record per node that raised or never answered."""
+def split_replies(
+    replies: list[Message], expected_nodes: list[int], timeout: float, node_party: dict[int, int] | None = None
+) -> tuple[list[Message], list[dict]]:
+    """Replies with content, and one record per node that raised or never answered.
+
+    `node_party` (node id -> party, learnt from earlier replies) names the party when known.
+    """
+    node_party = {} if node_party is None else node_party
     ok, dropped, answered = [], [], set()
     for reply in replies:
         node = reply.metadata.src_node_id
         answered.add(node)
         if reply.has_error():
-            reason = reply.error.reason
-            dropped.append({"node": node, "reason": _short(reason)})
+            dropped.append(dropped_record(node, reply.error.reason, node_party))
         else:
             ok.append(reply)
     for node in expected_nodes:
         if node not in answered:
-            dropped.append({"node": node, "reason": f"no reply within {timeout:.0f}s (timeout)"})
+            dropped.append(dropped_record(node, f"no reply within {timeout:g}s (timeout)", node_party))
     return ok, dropped
 
 
-def require_parties(ctx: RunContext, valid: int, what: str) -> None:
+def dropped_record(node: int, reason: str, node_party: dict[int, int]) -> dict:
+    return {"node": node, "party": node_party.get(node), "reason": _short(reason)}
+
+
+def node_error(ctx: RunContext, node: int, reason: str) -> dict:
+    return dropped_record(node, reason, ctx.node_party)
+
+
+def require_parties(ctx: RunContext, valid: int, what: str, **details) -> None:
+    """Abort below min-parties; `details` (dropped, rejected) reach results.json with the error."""
     if valid < ctx.settings.min_parties:
-        raise RunAborted(f"{what}: only {valid} valid parties remain; min-parties is {ctx.settings.min_parties}")
+        raise RunAborted(f"{what}: only {valid} valid parties remain; min-parties is {ctx.settings.min_parties}", details)
 
 
 def bytes_summary(ctx: RunContext, nodes: list[int]) -> dict:

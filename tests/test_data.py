@@ -65,3 +65,12 @@ def test_bad_party_id_is_named():
 
 def test_one_hot():
     assert torch.equal(data.one_hot(torch.tensor([1, 0]), 3), torch.tensor([[0.0, 1, 0], [1, 0, 0]]))
+
+
+def test_to_unit_never_changes_the_cached_split():
+    """digits are stored as float32: an in-place division would rescale the cached split on every call."""
+    raw = data.load_split("digits", "test")
+    before = raw.images.copy()
+    first = data.to_unit(raw.images, raw.spec)
+    second = data.to_unit(data.load_split("digits", "test").images, raw.spec)
+    assert np.array_equal(raw.images, before) and torch.equal(first, second)
