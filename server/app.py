@@ -31,7 +31,6 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
             "run-id": run_id,
             "run-dir": str(run_dir),
             "settings": dump_settings(settings),
-            "num-parties": len(list(grid.get_node_ids())),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "strategies": {},
         }
@@ -43,6 +42,7 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
     try:
         if any(name != "centralized" for name in pending):
             results["node-party"] = {str(node): party for node, party in sorted(ctx.introduce().items())}
+        results["num-parties"] = len(list(grid.get_node_ids()))  # after introduce() waited for them
     except RunAborted as err:  # too few nodes connected: every strategy would fail the same way
         for name in pending:
             results["strategies"][name] = {"error": str(err)}
