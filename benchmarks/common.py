@@ -14,6 +14,12 @@ import threading
 import time
 from pathlib import Path
 
+# Threads that wait at an OpenMP barrier spin by default; on a box shared with other busy
+# processes (this one: 2 cores, six agents) the spinning steals the CPU from the thread with
+# work, and small torch ops run 3-10x slower. Set before torch loads libgomp; Ray workers and
+# `flwr run`'s processes inherit it, so both sides of every ratio run under the same policy.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 PROJECT = Path(__file__).resolve().parent.parent
 if str(PROJECT) not in sys.path:
     sys.path.insert(0, str(PROJECT))
@@ -31,6 +37,7 @@ def machine() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.cuda.is_available(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
     }
 
 
