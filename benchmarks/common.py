@@ -63,23 +63,48 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def _memory_kib(pid: int) -> tuple[int, int, str]:
-    """(RSS, PSS) in KiB and the command name of one process; zeros when it is gone."""
-    rss = pss = 0
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process so far (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _rss_kib(pid: int) -> int:
+    """Resident set of one process from /proc/<pid>/statm (cheap: read every sample)."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_KIB
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _pss_kib(pid: int) -> int:
+    """Proportional set (shared pages split among their users): the kernel walks the page
+    tables for it, so it is read only at a new peak."""
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Rss:"):
-                rss = int(line.split()[1])
-            elif line.startswith("Pss:"):
-                pss = int(line.split()[1])
-        name = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
     except OSError:
-        return 0, 0, ""
-    return rss, pss, name
+        pass
+    return 0
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+    except OSError:
+        return ""
 
 
 class TreeMemorySampler:
-    """Samples, every `interval` s, the summed RSS and PSS of every process under the roots.
+    """Samples, every `interval` s, the summed RSS of every process under the roots (and, at
+    each new peak, their PSS and a per-process breakdown); also each process's CPU time.
 
     Roots: this process, plus whatever `extra_roots()` returns at each sample (e.g. the detached
     local SuperLink that `flwr run` starts, which is not our child). RSS counts shared pages
@@ -91,6 +116,9 @@ class TreeMemorySampler:
         self.peak_rss = self.peak_pss = 0
         self.peak_processes: list[tuple[int, int, str]] = []
         self.samples = 0
+        self.cpu: dict[int, float] = {}  # pid -> latest CPU seconds
+        self.commands: dict[int, str] = {}
+        self.most_processes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -111,19 +139,38 @@ class TreeMemorySampler:
                 if pid not in seen:
                     seen.add(pid)
                     todo.extend(tree.get(pid, []))
-            rows = [(*_memory_kib(pid), pid) for pid in seen]
-            rss, pss = sum(r[0] for r in rows), sum(r[1] for r in rows)
+            rss_by_pid = {pid: _rss_kib(pid) for pid in seen}
+            for pid, rss_kib in rss_by_pid.items():
+                if rss_kib:
+                    self.commands[pid] = _command(pid)  # Ray workers rename themselves (ray::IDLE -> actor)
+                    self.cpu[pid] = _cpu_seconds(pid)
+            rss = sum(rss_by_pid.values())
+            self.most_processes = max(self.most_processes, sum(1 for v in rss_by_pid.values() if v))
             self.samples += 1
             if rss > self.peak_rss:
-                self.peak_rss = rss
-                self.peak_processes = sorted(((r[0], r[1], r[2]) for r in rows if r[0]), reverse=True)
-            self.peak_pss = max(self.peak_pss, pss)
+                rows = [(r, _pss_kib(pid), self.commands.get(pid, "")) for pid, r in rss_by_pid.items() if r]
+                self.peak_rss, self.peak_pss = rss, sum(r[1] for r in rows)
+                self.peak_processes = sorted(rows, reverse=True)
             self._stop.wait(self.interval)
+
+    def cpu_by_command(self) -> dict[str, float]:
+        """CPU seconds per kind of process over the run (as last sampled; a short-lived one may be missed)."""
+        totals: dict[str, float] = {}
+        for pid, seconds in self.cpu.items():
+            command = self.commands.get(pid, "")
+            words = [w for w in command.split() if not w.startswith("-") and not Path(w).name.startswith("python")]
+            name = Path(words[0]).name if words else "python"
+            if "default_worker.py" in command:
+                name = "ray worker (party actor)"
+            totals[name] = totals.get(name, 0.0) + seconds
+        return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
     def report(self) -> dict:
         return {
+            "cpu-seconds-by-process": self.cpu_by_command(),
             "peak-rss-gib": self.peak_rss / 2**20,
-            "peak-pss-gib": self.peak_pss / 2**20,
+            "pss-at-peak-gib": self.peak_pss / 2**20,
             "samples": self.samples,
+            "most-processes-at-once": self.most_processes,
             "at-peak": [{"rss-mib": r // 1024, "pss-mib": p // 1024, "command": c} for r, p, c in self.peak_processes[:15]],
         }

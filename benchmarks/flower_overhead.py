@@ -40,9 +40,10 @@ def settings_for(args) -> dict:
 
 def in_process(overrides: dict, parties: int) -> dict:
     settings = load_settings(overrides)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     result = mixup_union_in_process(settings, parties, select_device(settings.device))
     result["process-seconds"] = time.perf_counter() - t0
+    result["cpu-seconds"] = time.process_time() - cpu0
     print(f"in-process: {result['process-seconds']:.1f} s, accuracy {result['accuracy']:.4f}", flush=True)
     return result
 

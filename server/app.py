@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 import traceback
 
+import torch
+
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -36,6 +38,7 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
         }
     ctx = RunContext(settings=settings, grid=grid, run_dir=run_dir, device=select_device(settings.device), run_id=run_id)
     results["device"] = ctx.device
+    results["torch-threads"] = torch.get_num_threads()  # the central trainer's CPU threads
     print(f"fedsmix: run directory {run_dir}" + (f" (resumed; kept {sorted(done)})" if settings.resume else ""), flush=True)
     failures = []
     pending = [name for name in settings.strategies if name not in done]
