@@ -95,6 +95,20 @@ def _pss_kib(pid: int) -> int:
     return 0
 
 
+def _rss_kinds_kib(pid: int) -> dict[str, int]:
+    """RssAnon (heap, tensors), RssFile (mapped files: libraries, the memory-mapped uploads;
+    page cache the kernel may drop) and RssShmem (Ray's object store) of one process."""
+    kinds = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                key, value = line.split()[:2]
+                kinds[key.rstrip(":")] = int(value)
+    except OSError:
+        pass
+    return kinds
+
+
 def _command(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
@@ -148,9 +162,9 @@ class TreeMemorySampler:
             self.most_processes = max(self.most_processes, sum(1 for v in rss_by_pid.values() if v))
             self.samples += 1
             if rss > self.peak_rss:
-                rows = [(r, _pss_kib(pid), self.commands.get(pid, "")) for pid, r in rss_by_pid.items() if r]
+                rows = [(r, _pss_kib(pid), self.commands.get(pid, ""), _rss_kinds_kib(pid)) for pid, r in rss_by_pid.items() if r]
                 self.peak_rss, self.peak_pss = rss, sum(r[1] for r in rows)
-                self.peak_processes = sorted(rows, reverse=True)
+                self.peak_processes = sorted(rows, key=lambda row: -row[0])
             self._stop.wait(self.interval)
 
     def cpu_by_command(self) -> dict[str, float]:
@@ -172,5 +186,11 @@ class TreeMemorySampler:
             "pss-at-peak-gib": self.peak_pss / 2**20,
             "samples": self.samples,
             "most-processes-at-once": self.most_processes,
-            "at-peak": [{"rss-mib": r // 1024, "pss-mib": p // 1024, "command": c} for r, p, c in self.peak_processes[:15]],
+            "at-peak-by-kind-gib": {
+                kind: sum(row[3].get(kind, 0) for row in self.peak_processes) / 2**20 for kind in ("RssAnon", "RssFile", "RssShmem")
+            },
+            "at-peak": [
+                {"rss-mib": r // 1024, "pss-mib": p // 1024, **{k: v // 1024 for k, v in kinds.items()}, "command": c}
+                for r, p, c, kinds in self.peak_processes[:15]
+            ],
         }

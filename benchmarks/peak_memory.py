@@ -38,7 +38,7 @@ def measure(parties: int, epochs: int) -> dict:
         raise SystemExit(f"flwr run failed ({run.status}):\n{run.output[-3000:]}")
     mix = json.loads((RUNS / "latest" / "results.json").read_text())["strategies"]["mixup-union"]
     report = sampler.report()
-    print(f"{parties} parties: peak RSS {report['peak-rss-gib']:.2f} GiB, PSS {report['peak-pss-gib']:.2f} GiB "
+    print(f"{parties} parties: peak RSS {report['peak-rss-gib']:.2f} GiB, PSS at peak {report['pss-at-peak-gib']:.2f} GiB "
           f"({time.perf_counter() - t0:.0f} s; union {mix['union-size']} rows, accuracy {mix['accuracy']:.3f})", flush=True)
     return {"parties": parties, "seconds": time.perf_counter() - t0, "union-size": mix["union-size"], "accuracy": mix["accuracy"], **report}
 
