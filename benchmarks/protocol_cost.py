@@ -71,6 +71,10 @@ def main() -> None:
               f"({row['bytes-up-ratio (fedprox / mixup)']:.2f}x fewer; target >= 10x); "
               + (f"target reached after {reached:.1f} s ({row['time-ratio (fedprox / mixup)']:.2f}x faster; target >= 3x)"
                  if reached else f"target not reached (best {row['best-accuracy']:.4f})"))
+    milestones = {}
+    for level in (0.90, 0.95, round(min(target, rows["mixup-union float32"]["best-accuracy"]) - 0.005, 3)):
+        milestones[f"{level:.3f}"] = {"fedprox": time_to(prox["curve"], level), **{k: time_to(r["curve"], level) for k, r in rows.items()}}
+        print(f"seconds to {level:.1%}: " + ", ".join(f"{k} {v:.1f}" if v is not None else f"{k} never" for k, v in milestones[f"{level:.3f}"].items()))
     write(
         "protocol_cost",
         {
@@ -86,6 +90,7 @@ def main() -> None:
                 "curve": prox["curve"],
             },
             "mixup-union": rows,
+            "seconds-to-accuracy": milestones,
             "targets": {"bytes": ">= 10x fewer", "time": ">= 3x less"},
         },
     )
