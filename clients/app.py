@@ -18,7 +18,7 @@ from clients.faults import corrupt, corruption, maybe_fail
 from fedsmix.config import Settings
 from fedsmix.device import select_device
 from fedsmix.encoders import empirical_snr
-from fedsmix.pipeline import encode_partition, load_partition, new_classifier, train_config
+from fedsmix.pipeline import encode_partition, load_partition, new_classifier, train_config, upload_inputs
 from fedsmix.seeding import generator
 from fedsmix.training import train as train_loop
 
@@ -34,16 +34,26 @@ def _settings(msg: Message, context: Context) -> tuple[Settings, int, int]:
     return settings, int(node["partition-id"]), int(node["num-partitions"])
 
 
+@app.query("hello")
+def hello(msg: Message, context: Context) -> Message:
+    """Say which party this node is; load the partition now (a cold start happens here, not in a timed phase)."""
+    settings, party, num_parties = _settings(msg, context)
+    part = load_partition(settings, party, num_parties)
+    return Message(RecordDict({"metrics": MetricRecord({"party": party, "num-examples": len(part.labels)})}), reply_to=msg)
+
+
 @app.query("encode")
 def encode(msg: Message, context: Context) -> Message:
     settings, party, num_parties = _settings(msg, context)
     maybe_fail(settings.fault, party, "encode", settings.reply_timeout)
+    stored = str(msg.content["config"].get("stored-parties", ""))
+    if str(party) in stored.split(","):  # a resumed run holds this party's upload already
+        return Message(RecordDict({"metrics": MetricRecord({"party": party, "stored": 1})}), reply_to=msg)
     t0 = time.perf_counter()
     part = load_partition(settings, party, num_parties)
     enc, cal = encode_partition(settings, part)
     seconds = time.perf_counter() - t0
-    dtype = np.float16 if settings.upload_dtype == "float16" else np.float32
-    arrays = {"x": enc.x.numpy().astype(dtype, copy=False), "y": enc.y.numpy().astype(np.float32, copy=False)}
+    arrays = {"x": upload_inputs(enc.x, settings.upload_dtype), "y": enc.y.numpy().astype(np.float32, copy=False)}
     metrics = {
         "party": party,
         "num-examples": len(enc),

@@ -2,7 +2,8 @@
 
 `fault = "raise:1;timeout:2;nan:3"` makes party 1 raise, party 2 stall past the reply
 timeout and party 3 upload NaNs. Corruptions exercise the server's upload validation
-through the real message path; they never touch honest parties.
+through the real message path; they never touch honest parties. `interrupt:E` stops the
+server's central training after epoch E, as a crash would (resume with `resume=<run dir>`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,8 @@ import time
 
 import numpy as np
 
-FAILURES = ("raise", "timeout")
-CORRUPTIONS = (
-    "nan", "inf", "shape", "dtype", "negative-labels", "label-sum", "class-count", "empty",
-    "oversized", "duplicate", "missing-key", "extra-key", "count-mismatch",
-)
+from fedsmix.config import FAULT_CORRUPTIONS as CORRUPTIONS
+from fedsmix.config import FAULT_FAILURES as FAILURES
 
 
 class InjectedFault(RuntimeError):
@@ -43,8 +41,22 @@ def maybe_fail(spec: str, party: int, phase: str, timeout: float) -> None:
     if party in faults.get("raise", ()):
         raise InjectedFault(f"party {party}: injected fault during {phase}")
     if party in faults.get("timeout", ()):
-        time.sleep(timeout + 5.0)
+        time.sleep(timeout + 2.0)  # the server stopped waiting `timeout` s after it sent the message
         raise InjectedFault(f"party {party}: injected timeout during {phase}")
+
+
+def interrupt_after(spec: str):
+    """An `on_epoch` hook that crashes central training after the configured epoch, or None."""
+    epochs = parse(spec).get("interrupt") if spec else None
+    if not epochs:
+        return None
+    stop = min(epochs)
+
+    def on_epoch(epoch: int, loss: float) -> None:
+        if epoch == stop:
+            raise InjectedFault(f"server: injected interruption of central training after epoch {epoch}")
+
+    return on_epoch
 
 
 def corruption(spec: str, party: int) -> str | None:

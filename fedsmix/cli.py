@@ -33,12 +33,16 @@ def _absolute_paths(values: dict) -> dict:
     if data_dir is not None:
         values["data-dir"] = str(data_dir.resolve())
     values["runs-dir"] = str(Path(values.get("runs-dir") or PROJECT_ROOT / "runs").expanduser().resolve())
+    if values.get("resume") and values["resume"] != "latest":
+        values["resume"] = str(Path(values["resume"]).expanduser().resolve())
     if values.get("feature-cache-dir"):
         values["feature-cache-dir"] = str(Path(values["feature-cache-dir"]).expanduser().resolve())
     return values
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from .federation import environment as federation_environment
+    from .federation import federation_config, flower_part
     from .launch import flwr_run
 
     overrides = _parse_sets(args.set)
@@ -46,8 +50,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides["preset"] = args.preset
     load_settings(overrides)  # fail here, before Flower starts, on any bad key or value
     overrides = _absolute_paths(overrides)
-    federation = _parse_sets(args.federation)
-    result = flwr_run(overrides, args.parties, federation)
+    federation = federation_config(overrides.get("preset", ""), _parse_sets(args.federation))
+    parties = args.parties or federation.get("num-supernodes") or 10
+    result = flwr_run(overrides, parties, flower_part(federation), environment=federation_environment(federation))
     latest = Path(overrides["runs-dir"]) / "latest"
     if result.ok:
         print(f"\nrun {result.run_id}: {result.status}; results in {latest.resolve()}/results.json (runs/latest)")
@@ -69,9 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="one experiment through `flwr run . --stream` (local simulation)")
     run.add_argument("--preset", default="configs/quickstart.yaml")
-    run.add_argument("--parties", type=int, default=10, help="num-supernodes of the simulation")
+    run.add_argument("--parties", type=int, default=None, help="num-supernodes (default: the preset's federation block, else 10)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override")
-    run.add_argument("--federation", action="append", default=[], metavar="KEY=VALUE", help="federation-config override")
+    run.add_argument(
+        "--federation", action="append", default=[], metavar="KEY=VALUE",
+        help="federation-config override, beats the preset's `federation:` block (e.g. client-resources-num-gpus=0.25)",
+    )
     run.set_defaults(func=cmd_run)
     show = sub.add_parser("show", help="print a run's results table")
     show.add_argument("run_dir", nargs="?", default=str(PROJECT_ROOT / "runs" / "latest"))

@@ -22,6 +22,13 @@ DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-ima
 ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none")
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
 ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient")
+# fault injection (clients/faults.py): a party raises or stalls, the server's central training is
+# interrupted after an epoch, or a party sends one kind of bad upload
+FAULT_FAILURES = ("raise", "timeout", "interrupt")
+FAULT_CORRUPTIONS = (
+    "nan", "inf", "shape", "dtype", "negative-labels", "label-sum", "class-count", "empty",
+    "oversized", "duplicate", "missing-key", "extra-key", "count-mismatch",
+)
 
 
 class SettingsError(ValueError):
@@ -84,6 +91,8 @@ class Settings(BaseModel):
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(1e-4, ge=0)
     checkpoint_every: int = Field(0, ge=0, description="epochs between checkpoints; 0 = off")
+    resume: str = Field("", description="run directory to resume ('latest' = runs-dir/latest)")
+    eval_every: int = Field(0, ge=0, description="epochs between test evaluations of the central model; 0 = at the end")
     # federated baselines
     rounds: int = Field(10, ge=1)
     local_epochs: int = Field(1, ge=1)
@@ -120,6 +129,19 @@ class Settings(BaseModel):
                 raise ValueError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}")
         if not value:
             raise ValueError(f"give at least one strategy; allowed: {', '.join(STRATEGIES)}")
+        return value
+
+    @field_validator("fault")
+    @classmethod
+    def _known_faults(cls, value: str) -> str:
+        """'kind:ids;kind:ids' with known kinds and integer ids (party ids; an epoch for interrupt)."""
+        allowed = FAULT_FAILURES + FAULT_CORRUPTIONS
+        for part in filter(None, (p.strip() for p in value.split(";"))):
+            kind, _, ids = part.partition(":")
+            if kind.strip() not in allowed:
+                raise ValueError(f"unknown fault kind {kind.strip()!r} in {value!r}; allowed: {', '.join(allowed)}")
+            if not all(i.strip().isdigit() for i in ids.split(",")):
+                raise ValueError(f"fault {part!r}: expected {kind.strip()}:<id>[,<id>...] with integer ids")
         return value
 
     @field_validator("adversary")
@@ -210,8 +232,15 @@ def read_preset(preset: str) -> dict[str, Any]:
         raise SettingsError(f"preset {preset!r}: expected a mapping of settings, got {type(data).__name__}")
     data.pop("grid", None)  # sweep axes belong to the runner, not to one run
     data.pop("frontier", None)  # so do the frontier's rows and attack budget (server/frontier/plan.py)
+    data.pop("federation", None)  # simulation resources belong to the launcher (fedsmix/federation.py)
     data.pop("description", None)
     return data
+
+
+def read_preset_block(preset: str, key: str) -> Any:
+    """One block a preset carries for another component (`federation:` for the launcher, `grid:`)."""
+    data = yaml.safe_load(resolve_preset(preset).read_text()) or {}
+    return data.get(key, {}) if isinstance(data, dict) else {}
 
 
 def load_settings(overrides: Mapping[str, Any] | None = None, preset: str | None = None) -> Settings:

@@ -160,8 +160,9 @@ def load_split(name: str, split: str, data_dir: str = "", download: bool = False
 
 
 def to_unit(images: np.ndarray, ds: DatasetSpec) -> torch.Tensor:
-    """Raw images -> a new float32 tensor in [0, 1] (never a view: the raw arrays are cached)."""
-    return torch.from_numpy(np.ascontiguousarray(images)).to(torch.float32).div(ds.pixel_scale)
+    """Raw images -> a new float32 tensor in [0, 1] (never a view: the loaded split is cached)."""
+    raw = torch.from_numpy(np.ascontiguousarray(images))
+    return raw.div(ds.pixel_scale) if raw.dtype == torch.float32 else raw.float().div_(ds.pixel_scale)
 
 
 def normalize(unit: torch.Tensor, ds: DatasetSpec) -> torch.Tensor:

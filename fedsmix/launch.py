@@ -52,9 +52,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def flower_env(flwr_home: Path | None = None, ports: tuple[int, int] | None = None) -> dict[str, str]:
-    """Environment for `flwr`: project-local FLWR_HOME, no runtime dependency install, /tmp for Ray."""
-    env = dict(os.environ)
+def flower_env(
+    flwr_home: Path | None = None, ports: tuple[int, int] | None = None, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Environment for `flwr`: project-local FLWR_HOME, no runtime dependency install, /tmp for Ray.
+
+    `extra` (e.g. RAY_ADDRESS) reaches the SuperLink `flwr run` starts and its simulation process.
+    """
+    env = {**os.environ, **(extra or {})}
     home = Path(flwr_home or env.get("FLWR_HOME") or PROJECT_ROOT / ".flwr")
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "config.toml").exists():
@@ -145,13 +150,18 @@ def flwr_run(
     ports: tuple[int, int] | None = None,
     echo: bool = True,
     stop_superlink: bool = True,
+    environment: dict[str, str] | None = None,
 ) -> FlowerRun:
-    """`flwr run <app> --stream` with overrides; returns the run's status from `flwr ls`."""
+    """`flwr run <app> --stream` with overrides; returns the run's status from `flwr ls`.
+
+    `federation_config` holds Flower's federation-config keys (fedsmix.federation.flower_part);
+    `num_supernodes` wins over a `num-supernodes` in it.
+    """
     if shutil.which("flwr", path=str(Path(sys.executable).parent)) is None and shutil.which("flwr") is None:
         raise LaunchError("the `flwr` command is not installed in this environment (pip install 'flwr[simulation]==1.42.*')")
-    env = flower_env(flwr_home, ports)
+    env = flower_env(flwr_home, ports, environment)
     already_running = set(superlink_pids(env))
-    federation = {"num-supernodes": num_supernodes, **(federation_config or {})}
+    federation = {**(federation_config or {}), "num-supernodes": num_supernodes}
     cmd = ["flwr", "run", str(app_dir), "--stream", "--federation-config", _config_arg(federation)]
     if run_config:
         cmd += ["--run-config", _config_arg(run_config)]

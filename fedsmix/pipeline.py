@@ -7,6 +7,7 @@ parties), so the simulation oracle can replay a party's encoding from its seed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,6 +141,18 @@ def encode_partition(settings: Settings, part: Partition, calibration: Calibrati
     return enc, calibration
 
 
+def upload_inputs(x: torch.Tensor, dtype: str) -> np.ndarray:
+    """Encoded inputs in the agreed upload dtype; float16 halves the bytes (relative error <= 2^-11)."""
+    array = x.numpy()
+    if dtype == "float32":
+        return array.astype(np.float32, copy=False)
+    limit = float(np.finfo(np.float16).max)
+    peak = float(np.abs(array).max()) if array.size else 0.0
+    if peak > limit:
+        raise ValueError(f"upload-dtype float16: encoded values reach {peak:.3g}, beyond float16's {limit:.0f}; use float32")
+    return array.astype(np.float16)
+
+
 def train_config(settings: Settings, device: str, *, federated_client: bool = False, proximal_mu: float = 0.0) -> TrainConfig:
     """Central and local-only training follow appendix E (AdamW, cosine); FedAvg/FedProx
     clients run `local-epochs` of SGD with momentum per round, as in the FedProx paper."""
@@ -172,7 +185,10 @@ def train_classifier(
     purpose: str = "central",
     cfg: TrainConfig | None = None,
     checkpoint_path=None,
+    checkpoint_key: str = "",
+    on_epoch: Callable[[torch.nn.Module, int, float], None] | None = None,
 ) -> tuple[torch.nn.Module, TrainReport]:
+    """The central trainer. `on_epoch(model, epoch, loss)` sees the model after each epoch."""
     model = new_classifier(settings, sample_shape, num_classes)
     torch.manual_seed(settings.seed + 1)  # dropout stream
     report = train(
@@ -183,6 +199,8 @@ def train_classifier(
         generator(settings.seed, purpose, "shuffle"),
         checkpoint_path=checkpoint_path,
         checkpoint_every=settings.checkpoint_every,
+        on_epoch=(lambda epoch, loss: on_epoch(model, epoch, loss)) if on_epoch else None,
+        checkpoint_key=checkpoint_key,
     )
     return model, report
 
@@ -206,3 +224,39 @@ def load_train_all(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     rows = train_subset_rows(settings, len(raw))
     labels = raw.labels if rows is None else raw.labels[rows]
     return to_space(settings, raw, "train", rows), torch.from_numpy(labels.astype(np.int64))
+
+
+def mixup_union_in_process(settings: Settings, num_parties: int, device: str = "cpu", on_epoch=None) -> dict:
+    """Mixup-union without Flower: every party encodes here, in party order, and the union trains here.
+
+    The same steps as the ClientApp's encode handler and the ServerApp's mixup-union (upload
+    dtype included), minus messaging, validation and the upload store: the reference for what
+    the federation costs. Same settings, same weights (see benchmarks/flower_overhead.py).
+    """
+    import time
+
+    from .training import state_digest
+
+    t0 = time.perf_counter()
+    xs, ys = [], []
+    for party in range(num_parties):
+        part = load_partition(settings, party, num_parties)
+        enc, _ = encode_partition(settings, part)
+        xs.append(upload_inputs(enc.x, settings.upload_dtype))
+        ys.append(enc.y.numpy().astype(np.float32, copy=False))
+        del part, enc
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    del xs, ys
+    encode_seconds = time.perf_counter() - t0
+    num_classes = datalib.spec(settings.dataset).num_classes
+    model, report = train_classifier(settings, x, y, mixing_shape(settings), num_classes, device, on_epoch=on_epoch)
+    metrics = test_accuracy(model, load_test(settings), device)
+    return {
+        "accuracy": metrics["accuracy"],
+        "test-loss": metrics["loss"],
+        "union-size": len(x),
+        "weights-sha256": state_digest(model),
+        "encode-seconds": encode_seconds,
+        "train-seconds": report.seconds,
+        "wall-seconds": time.perf_counter() - t0,
+    }

@@ -7,6 +7,7 @@ resumed run ends bit-identical to an uninterrupted one on the CPU.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -56,7 +57,21 @@ def _rows(data, index: torch.Tensor, device: str) -> torch.Tensor:
     return batch.to(device, dtype=torch.float32, non_blocking=True)
 
 
+class CheckpointMismatch(ValueError):
+    """The checkpoint was written for other training data (its key differs)."""
+
+
+def state_digest(model: nn.Module) -> str:
+    """sha256 over the state dict's names and tensor bytes: equal digests, equal weights."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def _atomic_save(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
@@ -72,8 +87,12 @@ def train(
     checkpoint_path: Path | None = None,
     checkpoint_every: int = 0,
     on_epoch: Callable[[int, float], None] | None = None,
+    checkpoint_key: str = "",
 ) -> TrainReport:
-    """Minimise soft cross-entropy (+ mu/2 * proximal term) with AdamW/SGD and a cosine schedule."""
+    """Minimise soft cross-entropy (+ mu/2 * proximal term) with AdamW/SGD and a cosine schedule.
+
+    `checkpoint_key` names the training data; a checkpoint with another key is refused.
+    """
     device = cfg.device
     model.to(device)
     n = len(y)
@@ -96,7 +115,9 @@ def train(
     report = TrainReport()
     start_epoch = 0
     if checkpoint_path is not None and checkpoint_path.exists():
-        state = torch.load(checkpoint_path, weights_only=False)
+        state = torch.load(checkpoint_path, weights_only=False, map_location="cpu")  # a GPU checkpoint resumes anywhere
+        if state.get("key", "") != checkpoint_key:
+            raise CheckpointMismatch(f"{checkpoint_path}: written for data {state.get('key', '')!r}, not {checkpoint_key!r}")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None:
@@ -141,6 +162,7 @@ def train(
                     "torch_rng": torch.get_rng_state(),
                     "epoch": epoch + 1,
                     "losses": report.losses,
+                    "key": checkpoint_key,
                 },
                 checkpoint_path,
             )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 import traceback
 
+import torch
+
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -12,43 +14,70 @@ from fedsmix.config import Settings, dump_settings, settings_from_flower
 from fedsmix.device import select_device
 from fedsmix.runs import new_run_dir
 from server import results as results_io
+from server import resume
 from server.context import RunAborted, RunContext
 from strategies import REGISTRY
 
+
 def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
-    """Run every strategy in `settings.strategies` on the same partitions; never lose a result."""
-    run_dir = new_run_dir(settings.runs_dir, settings.run_name, run_id)
+    """Run every strategy in `settings.strategies` on the same partitions; never lose a result.
+
+    With `resume`, the interrupted run's directory is reused and finished strategies are kept.
+    """
+    done: set[str] = set()
+    if settings.resume:
+        run_dir, results, done = resume.reopen(settings)
+    else:
+        run_dir = new_run_dir(settings.runs_dir, settings.run_name, run_id)
+        results = {
+            "run-id": run_id,
+            "run-dir": str(run_dir),
+            "settings": dump_settings(settings),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "strategies": {},
+        }
     ctx = RunContext(settings=settings, grid=grid, run_dir=run_dir, device=select_device(settings.device), run_id=run_id)
-    results = {
-        "run-id": run_id,
-        "run-dir": str(run_dir),
-        "settings": dump_settings(settings),
-        "num-parties": len(list(grid.get_node_ids())),
-        "device": ctx.device,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "strategies": {},
-    }
-    print(f"fedsmix: run directory {run_dir}", flush=True)
+    results["device"] = ctx.device
+    results["torch-threads"] = torch.get_num_threads()  # the central trainer's CPU threads
+    print(f"fedsmix: run directory {run_dir}" + (f" (resumed; kept {sorted(done)})" if settings.resume else ""), flush=True)
     failures = []
-    for name in settings.strategies:
+    pending = [name for name in settings.strategies if name not in done]
+    try:
+        if any(name != "centralized" for name in pending):
+            results["node-party"] = {str(node): party for node, party in sorted(ctx.introduce().items())}
+        results["num-parties"] = len(list(grid.get_node_ids()))  # after introduce() waited for them
+    except RunAborted as err:  # too few nodes connected: every strategy would fail the same way
+        for name in pending:
+            results["strategies"][name] = {"error": str(err)}
+        failures, pending = [str(err)], []
+    for name in pending:
         ctx.reset_traffic()
         try:
             results["strategies"][name] = REGISTRY[name](ctx)
         except RunAborted as err:
-            results["strategies"][name] = {"error": str(err)}
+            results["strategies"][name] = {"error": str(err), **err.details}  # who dropped out, and why
             failures.append(f"{name}: {err}")
         except Exception as err:  # keep the other strategies' results, then fail the run
             results["strategies"][name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
             failures.append(f"{name}: {type(err).__name__}: {err}")
-        results["num-parties"] = len(list(grid.get_node_ids()))  # SuperNodes may register after the start
+        name_parties(results, ctx.learn_parties())
         results_io.write(run_dir, results)  # after every strategy: nothing finished is lost
-    results["num-parties"] = max(results["num-parties"], len(list(grid.get_node_ids())))  # may still register at start
+    results["num-parties"] = max(results.get("num-parties", 0), len(list(grid.get_node_ids())))  # late registrations
+    results["node-party"] = {str(node): party for node, party in sorted(ctx.node_party.items())}
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results_io.write(run_dir, results)
     results_io.render(results)
     if failures:
         raise RunAborted("; ".join(failures) + f" (partial results in {run_dir / 'results.json'})")
     return results
+
+
+def name_parties(results: dict, node_party: dict[int, int]) -> None:
+    """Name the party of dropped nodes whose hello answered late (after the strategy ended)."""
+    for res in results["strategies"].values():
+        for record in res.get("dropped") or []:
+            if record.get("party") is None and record.get("node") in node_party:
+                record["party"] = node_party[record["node"]]
 
 
 def make_app(overrides: dict | None = None) -> ServerApp:

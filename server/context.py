@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsmix.config import Settings
@@ -17,7 +17,11 @@ from server.traffic import CountingGrid
 
 
 class RunAborted(RuntimeError):
-    """The run cannot go on (too few parties); the message says why."""
+    """The run cannot go on (too few parties); the message says why, `details` who dropped out."""
+
+    def __init__(self, message: str, details: dict | None = None):
+        super().__init__(message)
+        self.details = details or {}
 
 
 @dataclass
@@ -37,7 +41,9 @@ class RunContext:
     device: str
     run_id: int = 0
     traffic: Traffic = field(default_factory=Traffic)
+    node_party: dict[int, int] = field(default_factory=dict)  # learnt from replies, for reports
     _test: tuple | None = None
+    _hello: set[str] = field(default_factory=set)  # hello messages not answered yet
 
     def test_set(self):
         if self._test is None:
@@ -57,8 +63,51 @@ class RunContext:
                 )
             time.sleep(1.0)
 
+    def introduce(self) -> dict[int, int]:
+        """Ask every node which party it is ("query.hello", a few bytes each way), once per run.
+
+        Reports can then name the party of a node that later raises or times out, and each
+        party loads its data here, so a cold start does not eat the first strategy's timeout.
+        Waits up to reply-timeout; later answers are picked up by `learn_parties()`.
+        """
+        config = ConfigRecord({"settings": self.settings.to_json()})
+        messages = [Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.hello") for node in self.nodes()]
+        self._hello = set(self.grid.push_messages(messages))  # not booked as any strategy's traffic
+        return self.learn_parties(wait=self.settings.reply_timeout)
+
+    def learn_parties(self, wait: float = 0.0) -> dict[int, int]:
+        """Record node -> party from the hello replies that arrived, waiting up to `wait` s for the rest."""
+        deadline = time.monotonic() + wait
+        while self._hello:
+            for reply in self.grid.pull_messages(self._hello):
+                self._hello.discard(reply.metadata.reply_to_message_id)
+                if not reply.has_error() and "metrics" in reply.content:
+                    self.node_party[reply.metadata.src_node_id] = int(reply.content["metrics"]["party"])
+            if not self._hello or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        return dict(self.node_party)
+
     def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> list[Message]:
         return list(self.counting_grid().send_and_receive(messages, timeout=timeout or self.settings.reply_timeout))
+
+    def stream_replies(self, messages: Iterable[Message], timeout: float | None = None) -> Iterator[Message]:
+        """Yield replies as they arrive, so a caller can store and drop each large one before the next.
+
+        Stops after `timeout` (default: reply-timeout); nodes that never answered are the
+        caller's to report (compare the replies' source nodes with the destinations).
+        """
+        grid = self.counting_grid()
+        pending = set(grid.push_messages(messages))
+        deadline = time.monotonic() + (timeout or self.settings.reply_timeout)
+        while pending and time.monotonic() < deadline:
+            replies = grid.pull_messages(pending)
+            for reply in replies:
+                pending.discard(reply.metadata.reply_to_message_id)
+            while replies:
+                yield replies.pop(0)  # hand over the only reference
+            if pending:
+                time.sleep(0.1)
 
     def counting_grid(self) -> CountingGrid:
         """The grid to hand to Flower strategies: it books every byte into `traffic`."""

@@ -21,6 +21,22 @@ def _pct(value: Any) -> str:
     return f"{100 * value:.2f}" if isinstance(value, float) else "-"
 
 
+def party_problems(results: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per dropped party, rejected upload or discarded stored upload, in every strategy."""
+    rows = []
+    for name, res in results.get("strategies", {}).items():
+        for kind, key in (("dropped", "dropped"), ("rejected", "rejected"), ("discarded", "discarded-uploads")):
+            for rec in res.get(key) or []:
+                party = rec.get("party")
+                rows.append(
+                    (
+                        name, kind, "?" if party is None else str(party), str(rec.get("node", "-")),
+                        str(rec.get("round", "-")), str(rec.get("field", "-")), str(rec.get("reason", "")),
+                    )
+                )
+    return rows
+
+
 def render(results: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console(width=140, force_terminal=False)
     table = Table(title=f"fedsmix results ({results.get('settings', {}).get('dataset')}, {results.get('num-parties')} parties)")
@@ -48,6 +64,14 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             f"{res.get('wall-seconds', 0):.1f}",
         )
     console.print(table)
+    problems = party_problems(results)
+    if problems:
+        lost = Table(title="parties dropped (raised or timed out) and uploads rejected")
+        for col in ("strategy", "what", "party", "node", "round", "field", "reason"):
+            lost.add_column(col)
+        for row in problems:
+            lost.add_row(*row)
+        console.print(lost)
     mix = results.get("strategies", {}).get("mixup-union", {})
     if mix.get("parties"):
         mode = mix.get("radius-mode", "theorem")

@@ -11,17 +11,32 @@ from flwr.simulation import run_simulation
 
 from clients.app import app as client_app
 from fedsmix.config import load_settings
+from fedsmix.federation import backend_config as federation_backend
+from fedsmix.federation import federation_config
 from server.app import make_app
 
 
-def simulate(overrides: dict, num_parties: int, backend_config: dict | None = None) -> dict:
-    """Run the ServerApp with `num_parties` virtual SuperNodes; return the run's results.json."""
+# one CPU per party, the machine's two cores; a preset's `federation:` block or the caller overrides
+DEFAULT_FEDERATION = {"client-resources-num-cpus": 1, "client-resources-num-gpus": 0.0, "init-args-num-cpus": 2}
+
+
+def simulate(overrides: dict, num_parties: int, backend_config: dict | None = None, federation: dict | None = None) -> dict:
+    """Run the ServerApp with `num_parties` virtual SuperNodes; return the run's results.json.
+
+    Resources: `backend_config` as Flower takes it, else the preset's `federation:` block with
+    `federation` (federation-config keys) on top, as `python -m fedsmix run` would pass them.
+    """
     settings = load_settings(overrides)  # fail fast on bad settings
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    backend = backend_config or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 2, "include_dashboard": False}}
+    if backend_config is None:
+        chosen = federation_config(settings.preset, federation)
+        defaults = dict(DEFAULT_FEDERATION)
+        if chosen.get("ray-address"):  # Ray refuses resource counts when it joins a cluster
+            defaults.pop("init-args-num-cpus")
+        backend_config = federation_backend(chosen, defaults)
     before = dict(os.environ)
     try:
-        run_simulation(make_app(dict(overrides)), client_app, num_supernodes=num_parties, backend_config=backend)
+        run_simulation(make_app(dict(overrides)), client_app, num_supernodes=num_parties, backend_config=backend_config)
     finally:
         _restore_environment(before)
     latest = Path(settings.runs_dir).expanduser() / "latest"

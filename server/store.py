@@ -6,6 +6,7 @@ through `Union`, so thirty CIFAR-10 parties cost one copy on disk and a page cac
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,18 @@ class UploadStore:
                     bad.append(int(party))
                     break
         return sorted(set(bad))
+
+    def discard(self, party: int) -> None:
+        """Forget a party's upload (its files failed verification): the manifest first, then the files."""
+        entry = self.manifest.pop(str(party))
+        atomic_write_json(self.manifest_path, self.manifest)
+        for key in ("x", "y"):
+            (self.root / entry[key]["file"]).unlink(missing_ok=True)
+
+    def union_key(self, parties: list[int]) -> str:
+        """Names exactly these uploads (their sha256): a checkpoint of training on them carries it."""
+        digests = [f"{p}:{self.manifest[str(p)]['x']['sha256']}:{self.manifest[str(p)]['y']['sha256']}" for p in parties]
+        return hashlib.sha256(";".join(digests).encode()).hexdigest()
 
     def parties(self) -> list[int]:
         return sorted(int(p) for p in self.manifest)

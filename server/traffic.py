@@ -27,6 +27,18 @@ class CountingGrid:
     def __getattr__(self, name):
         return getattr(self._grid, name)
 
+    def push_messages(self, messages):
+        messages = list(messages)
+        for msg in messages:
+            self.to_node[msg.metadata.dst_node_id] += message_nbytes(msg)
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        replies = list(self._grid.pull_messages(message_ids))
+        for reply in replies:
+            self.from_node[reply.metadata.src_node_id] += message_nbytes(reply)
+        return replies
+
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
         for msg in messages:

@@ -14,34 +14,58 @@ def settings_config(ctx: RunContext, **extra) -> ConfigRecord:
 
 
 def split_replies(
-    replies: list[Message], expected_nodes: list[int], timeout: float, destinations: dict[str, int] | None = None
+    replies: list[Message],
+    expected_nodes: list[int],
+    timeout: float,
+    node_party: dict[int, int] | None = None,
+    destinations: dict[str, int] | None = None,
 ) -> tuple[list[Message], list[dict]]:
     """Replies with content, and one record per node that raised or never answered (with the time).
 
-    When a SuperNode stops sending heartbeats, the SuperLink answers for it with an error whose
-    sender is the SuperLink itself; `destinations` (message id -> node) names the node it stands for.
+    `node_party` (node id -> party, learnt from earlier replies) names the party when known;
+    `destinations` (message id -> node) names the node the SuperLink answers for (see `source_node`).
     """
+    node_party = {} if node_party is None else node_party
     ok, dropped, answered = [], [], set()
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for reply in replies:
-        node = reply.metadata.src_node_id
-        if node not in expected_nodes and destinations:
-            node = destinations.get(reply.metadata.reply_to_message_id, node)
+        node = source_node(reply, expected_nodes, destinations)
         answered.add(node)
         if reply.has_error():
-            reason = reply.error.reason
-            dropped.append({"node": node, "reason": _short(reason), "time": now})
+            dropped.append(dropped_record(node, reply.error.reason, node_party))
         else:
             ok.append(reply)
     for node in expected_nodes:
         if node not in answered:
-            dropped.append({"node": node, "reason": f"no reply within {timeout:.0f}s (timeout)", "time": now})
+            dropped.append(dropped_record(node, f"no reply within {timeout:g}s (timeout)", node_party))
     return ok, dropped
 
 
-def require_parties(ctx: RunContext, valid: int, what: str) -> None:
+def source_node(reply: Message, expected_nodes, destinations: dict[str, int] | None) -> int:
+    """The node a reply speaks for. When a SuperNode stops sending heartbeats, the SuperLink answers
+    for it with an error whose sender is the SuperLink itself: the message it replies to names the node."""
+    node = reply.metadata.src_node_id
+    if node not in expected_nodes and destinations:
+        node = destinations.get(reply.metadata.reply_to_message_id, node)
+    return node
+
+
+def dropped_record(node: int, reason: str, node_party: dict[int, int]) -> dict:
+    return {
+        "node": node,
+        "party": node_party.get(node),
+        "reason": _short(reason),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def node_error(ctx: RunContext, node: int, reason: str) -> dict:
+    return dropped_record(node, reason, ctx.node_party)
+
+
+def require_parties(ctx: RunContext, valid: int, what: str, **details) -> None:
+    """Abort below min-parties; `details` (dropped, rejected) reach results.json with the error."""
     if valid < ctx.settings.min_parties:
-        raise RunAborted(f"{what}: only {valid} valid parties remain; min-parties is {ctx.settings.min_parties}")
+        raise RunAborted(f"{what}: only {valid} valid parties remain; min-parties is {ctx.settings.min_parties}", details)
 
 
 def bytes_summary(ctx: RunContext, nodes: list[int]) -> dict:

@@ -1,21 +1,28 @@
 """Mixup-union: every party encodes once and uploads; the server trains on the union.
 
-query "encode" to every node -> validate each upload -> store it (sha256 manifest) ->
-train centrally on the memory-mapped union with soft labels -> evaluate on the clean test split.
+query "encode" to every node -> validate each upload as it arrives -> store it (sha256
+manifest) and drop it from memory -> train centrally on the memory-mapped union with soft
+labels -> evaluate on the clean test split. A resumed run re-verifies the stored uploads, asks
+only the parties it has none for, and continues training from the checkpoint.
 """
 
 from __future__ import annotations
 
+import io
 import time
 
+import torch
 from flwr.app import Message, RecordDict
 
+from clients.faults import interrupt_after
 from fedsmix import data as datalib
 from fedsmix.pipeline import mixing_shape, test_accuracy, train_classifier
+from fedsmix.runs import atomic_write_bytes
+from fedsmix.training import CheckpointMismatch, state_digest
 from server.context import RunContext
 from server.store import UploadStore
 from server.validation import Expectation, UploadRejected, validate_upload
-from strategies.common import bytes_summary, require_parties, settings_config, split_replies
+from strategies.common import bytes_summary, node_error, require_parties, settings_config, source_node
 
 
 def expectation(ctx: RunContext) -> Expectation:
@@ -28,39 +35,106 @@ def expectation(ctx: RunContext) -> Expectation:
     )
 
 
-def collect_uploads(ctx: RunContext, replies: list[Message], store: UploadStore) -> tuple[dict, list[dict]]:
-    """Validate and store every reply; a bad upload is rejected with its reason, the rest go on."""
-    expect, parties, rejected, seen = expectation(ctx), {}, [], set(store.parties())
+def collect_uploads(ctx: RunContext, replies, store: UploadStore, nodes: list[int]) -> tuple[dict, list[dict], list[dict]]:
+    """Validate and store each reply as it arrives; a bad upload is rejected with its reason, the rest go on.
+
+    A party whose upload the store already holds (resumed run) answers with a stub; it is used
+    from disk. Each reply is dropped once stored, so the server never holds more than one.
+    """
+    expect, parties, rejected, dropped = expectation(ctx), {}, [], []
+    stored, seen, answered = set(store.parties()), set(store.parties()), set()
     for reply in replies:
-        node = reply.metadata.src_node_id
+        node = source_node(reply, nodes, ctx.traffic.destinations)
+        answered.add(node)
+        if reply.has_error():
+            dropped.append(node_error(ctx, node, reply.error.reason))
+            continue
+        metrics = reply.content.get("metrics")
+        if metrics is not None and "stored" in metrics and "upload" not in reply.content:
+            party = int(metrics["party"])
+            if party in stored:
+                ctx.node_party[node] = party
+                parties[party] = {**store.manifest[str(party)]["metrics"], "node": node, "upload-bytes": 0, "from-store": True}
+            else:
+                rejected.append({"node": node, "party": str(party), "field": "metrics.stored", "reason": "claims an upload the server does not hold"})
+            continue
         try:
             upload = validate_upload(reply.content, f"node {node}", expect, seen)
         except UploadRejected as err:
             rejected.append({"node": node, "party": err.party, "field": err.field, "reason": err.reason})
             continue
+        finally:
+            del reply  # the message holds the upload's bytes: release them before the next arrives
         seen.add(upload.party)
+        ctx.node_party[node] = upload.party
         store.save(upload.party, upload.x, upload.y, upload.metrics)
         parties[upload.party] = {**upload.metrics, "node": node, "upload-bytes": upload.nbytes}
-    return parties, rejected
+        del upload
+    for node in nodes:
+        if node not in answered:
+            dropped.append(node_error(ctx, node, f"no reply within {ctx.settings.reply_timeout:g}s (timeout)"))
+    for party in stored - set(parties):  # stored, but its node did not answer this time: still used
+        parties[party] = {**store.manifest[str(party)]["metrics"], "from-store": True}
+    return parties, rejected, dropped
+
+
+def reopen_store(ctx: RunContext) -> tuple[UploadStore, list[dict]]:
+    """The run's upload store; files that no longer match their sha256 are discarded (asked again)."""
+    store = UploadStore(ctx.run_dir / "uploads")
+    discarded = []
+    for party in store.verify():
+        store.discard(party)
+        discarded.append({"party": str(party), "reason": "stored files do not match the manifest's sha256; asked again"})
+    return store, discarded
+
+
+def epoch_hook(ctx: RunContext, t0: float, curve: list[dict]):
+    """After each epoch: test accuracy every `eval-every` epochs (a time-to-accuracy curve), then faults."""
+    every, interrupt = ctx.settings.eval_every, interrupt_after(ctx.settings.fault)
+
+    def on_epoch(model: torch.nn.Module, epoch: int, loss: float) -> None:
+        if every and epoch % every == 0:
+            accuracy = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]
+            curve.append({"epoch": epoch, "accuracy": accuracy, "seconds": time.perf_counter() - t0})
+        if interrupt is not None:
+            interrupt(epoch, loss)
+
+    return on_epoch
 
 
 def run(ctx: RunContext) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     nodes = ctx.nodes()
-    messages = [
-        Message(RecordDict({"config": settings_config(ctx)}), dst_node_id=node, message_type="query.encode") for node in nodes
-    ]
-    ok, dropped = split_replies(ctx.send_and_receive(messages), nodes, s.reply_timeout, ctx.traffic.destinations)
+    store, discarded = reopen_store(ctx)
+    config = settings_config(ctx, **({"stored-parties": ",".join(map(str, store.parties()))} if store.parties() else {}))
+    messages = [Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.encode") for node in nodes]
+    parties, rejected, dropped = collect_uploads(ctx, ctx.stream_replies(messages), store, nodes)
     t_upload = time.perf_counter() - t0
-    store = UploadStore(ctx.run_dir / "uploads")
-    parties, rejected = collect_uploads(ctx, ok, store)
-    require_parties(ctx, len(parties), "mixup-union")
-    x, y = store.union(sorted(parties))
-    model, report = train_classifier(
-        s, x, y, expectation(ctx).sample_shape, datalib.spec(s.dataset).num_classes, ctx.device,
-        checkpoint_path=ctx.run_dir / "checkpoints" / "central.pt" if s.checkpoint_every else None,
-    )
+    require_parties(ctx, len(parties), "mixup-union", dropped=dropped, rejected=rejected, **{"discarded-uploads": discarded})
+    used = sorted(parties)
+    x, y = store.union(used)
+    key = store.union_key(used)
+    checkpoint = ctx.run_dir / "checkpoints" / "central.pt" if s.checkpoint_every else None
+    curve: list[dict] = []
+    shape, num_classes = expectation(ctx).sample_shape, datalib.spec(s.dataset).num_classes
+
+    def train():
+        return train_classifier(
+            s, x, y, shape, num_classes, ctx.device,
+            checkpoint_path=checkpoint, checkpoint_key=key, on_epoch=epoch_hook(ctx, t0, curve),
+        )
+
+    checkpoint_note = None
+    try:
+        model, report = train()
+    except CheckpointMismatch as err:  # the uploads changed since the checkpoint: start over, say so
+        checkpoint.unlink()
+        checkpoint_note = str(err)
+        model, report = train()
     metrics = test_accuracy(model, ctx.test_set(), ctx.device)
+    if not curve or curve[-1]["epoch"] != len(report.losses):
+        curve.append({"epoch": len(report.losses), "accuracy": metrics["accuracy"], "seconds": time.perf_counter() - t0})
+    weights = _save_model(ctx, model)
     result = {
         "accuracy": metrics["accuracy"],
         "test-loss": metrics["loss"],
@@ -71,15 +145,27 @@ def run(ctx: RunContext) -> dict:
         "parties": {str(p): v for p, v in sorted(parties.items())},
         "dropped": dropped,
         "rejected": rejected,
+        "discarded-uploads": discarded,
         "upload-seconds": t_upload,
         "train-seconds": report.seconds,
-        "epochs": report.epochs_run,
+        "epochs": len(report.losses),
         "resumed-from-epoch": report.resumed_from,
+        "checkpoint-discarded": checkpoint_note,
+        "curve": curve,
+        "weights-sha256": weights,
         "wall-seconds": time.perf_counter() - t0,
         **bytes_summary(ctx, nodes),
     }
     if s.adversary:
         from server.adversary.runner import attack_uploads
 
-        result["adversary"] = attack_uploads(ctx, store, sorted(parties), len(nodes))
+        result["adversary"] = attack_uploads(ctx, store, used, len(nodes))
     return result
+
+
+def _save_model(ctx: RunContext, model: torch.nn.Module) -> str:
+    """The trained model beside the uploads (atomic write); returns the weights' digest."""
+    buffer = io.BytesIO()
+    torch.save(model.cpu().state_dict(), buffer)
+    atomic_write_bytes(ctx.run_dir / "models" / "mixup-union.pt", buffer.getvalue())
+    return state_digest(model)

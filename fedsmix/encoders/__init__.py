@@ -65,13 +65,19 @@ def empirical_snr(x: torch.Tensor, enc: Encoded) -> float:
     Centring matches Theorem 4.2's zero-mean assumption; the interference is everything in the
     upload that is not the target sample (partner, noise, public images).
     """
-    flat = x.reshape(len(x), -1).double()
-    mean = flat.mean(dim=0, keepdim=True)
+    flat = x.reshape(len(x), -1)
+    mean = flat.sum(dim=0, dtype=torch.float64).div_(len(flat)).unsqueeze(0)
     rows = enc.sources[:, 0]
-    w1 = enc.weights[:, 0].double().unsqueeze(1)
-    signal = w1 * (flat[rows] - mean)
-    upload = enc.x.reshape(len(enc.x), -1).double()
-    if enc.signs is not None:  # judge InstaHide on what the mask hides: compare unmasked
-        upload = upload * enc.signs.reshape(len(enc.x), -1).double()
-    interference = upload - w1 * flat[rows] - (1 - w1) * mean
-    return (signal.pow(2).sum(dim=1).mean() / interference.pow(2).sum(dim=1).mean()).item()
+    upload = enc.x.reshape(len(enc.x), -1)
+    signs = enc.signs.reshape(len(enc.x), -1) if enc.signs is not None else None
+    signal = interference = 0.0
+    for start in range(0, len(upload), 1024):  # float64 a block of rows at a time, not whole copies
+        block = slice(start, start + 1024)
+        w1 = enc.weights[block, :1].double()
+        target = flat[rows[block]].double()
+        mixed = upload[block].double()
+        if signs is not None:  # judge InstaHide on what the mask hides: compare unmasked
+            mixed = mixed * signs[block].double()
+        signal += (w1 * (target - mean)).pow(2).sum().item()
+        interference += (mixed - w1 * target - (1 - w1) * mean).pow(2).sum().item()
+    return signal / interference

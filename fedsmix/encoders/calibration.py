@@ -38,19 +38,24 @@ class Calibration:
 
 def data_statistics(x: torch.Tensor, generator: torch.Generator, max_pairs: int = 20000) -> DataStatistics:
     """Estimate V and D from a party's own samples (any shape; rows are samples)."""
-    flat = x.reshape(len(x), -1).double()
+    flat = x.reshape(len(x), -1)  # float64 a block at a time: a whole float64 copy doubles the memory
     n = len(flat)
     if n < 2:
         raise ValueError(f"calibration needs at least 2 samples, got {n}")
-    centred = flat - flat.mean(dim=0, keepdim=True)
-    V = centred.pow(2).sum(dim=1).mean().item()
+    mean = flat.sum(dim=0, dtype=torch.float64).div_(n)
+    V = sum((flat[s : s + 1024].double() - mean).pow(2).sum().item() for s in range(0, n, 1024)) / n
     pairs = min(max_pairs, n * (n - 1))
     i = torch.randint(0, n, (pairs,), generator=generator)
     j = (i + torch.randint(1, n, (pairs,), generator=generator)) % n  # j != i
+    # pairs x d can be large: chunks through two reused buffers (fresh 100 MB temporaries per
+    # chunk cost more in page faults than the arithmetic does)
+    chunk = 512
+    left, right = torch.empty(chunk, flat.shape[1], dtype=flat.dtype), torch.empty(chunk, flat.shape[1], dtype=flat.dtype)
     D = 0.0
-    for start in range(0, pairs, 4096):  # chunked: pairs x d can be large
-        a, b = i[start : start + 4096], j[start : start + 4096]
-        D += (flat[a] - flat[b]).norm(dim=1).sum().item()
+    for start in range(0, pairs, chunk):
+        a, b = i[start : start + chunk], j[start : start + chunk]
+        first = torch.index_select(flat, 0, a, out=left[: len(a)]).double()
+        D += torch.linalg.vector_norm(first.sub_(torch.index_select(flat, 0, b, out=right[: len(b)])), dim=1).sum().item()
     D /= pairs
     return DataStatistics(V=V, D=D, c=D * D / (2 * V) if V > 0 else 1.0, n=n)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from .base import Encoded
@@ -37,9 +39,18 @@ def sample_permutation(n: int, generator: torch.Generator, derangement: bool = T
 
 def sample_sphere(n: int, shape: tuple[int, ...], radius: float, generator: torch.Generator) -> torch.Tensor:
     """n vectors uniform on the sphere of radius r in R^d (normalised Gaussians)."""
-    g = torch.randn(n, *shape, generator=generator)
-    norms = g.reshape(n, -1).norm(dim=1).clamp_min(1e-12)
-    return g * (radius / norms).view(n, *([1] * len(shape)))
+    return fill_sphere(torch.empty(n, *shape), radius, generator)
+
+
+def fill_sphere(out: torch.Tensor, radius: float, generator: torch.Generator) -> torch.Tensor:
+    """Fill the rows of `out` with vectors uniform on the r-sphere, in place."""
+    torch.randn(out.shape, generator=generator, out=out)
+    norms = out.reshape(len(out), -1).norm(dim=1).clamp_min(1e-12)
+    return out.mul_((radius / norms).view(len(out), *([1] * (out.dim() - 1))))
+
+
+# Values per block of rows: each block's arrays stay in cache while it is encoded in one pass.
+BLOCK_VALUES = 1 << 18
 
 
 def singularized_mixup(
@@ -50,14 +61,46 @@ def singularized_mixup(
     generator: torch.Generator,
     derangement: bool = True,
 ) -> Encoded:
-    """Encode a whole partition at once. x: (n, ...) any shape; y: (n, classes) one-hot or soft."""
+    """Encode a whole partition at once. x: (n, ...) any shape; y: (n, classes) one-hot or soft.
+
+    Whole-tensor arithmetic would pass over memory once per operation; instead rows are encoded
+    in cache-sized blocks (noise, partner gather, mix, in place), spread over a thread pool.
+    Each block draws its noise from its own generator, seeded from `generator`, so the result
+    depends on the seed alone, not on the number of threads.
+    """
     n = len(x)
     perm = sample_permutation(n, generator, derangement)
     w = sample_weights(n, alpha, generator)
-    noise = sample_sphere(n, tuple(x.shape[1:]), radius, generator).to(x.dtype)
+    rows = max(1, BLOCK_VALUES // max(1, x[0].numel()))
+    seeds = torch.randint(0, 2**63 - 1, ((n + rows - 1) // rows,), generator=generator).tolist()
+    x = x.contiguous()
+    noise, x_enc = torch.empty_like(x), torch.empty_like(x)
     view = (n,) + (1,) * (x.dim() - 1)
-    w1, w2 = w[:, 0].to(x.dtype), w[:, 1].to(x.dtype)
-    x_enc = w1.view(view) * x + w2.view(view) * (x[perm] + noise)
+    w1, w2 = w[:, 0].to(x.dtype).view(view), w[:, 1].to(x.dtype).view(view)
+
+    def encode_block(block: int) -> None:
+        lo, hi = block * rows, min((block + 1) * rows, n)
+        e = fill_sphere(noise[lo:hi], radius, torch.Generator().manual_seed(seeds[block]))
+        out = torch.index_select(x, 0, perm[lo:hi], out=x_enc[lo:hi])  # the partner x_pi(i)
+        out.add_(e).mul_(w2[lo:hi]).addcmul_(x[lo:hi], w1[lo:hi])  # w1 x_i + w2 (x_pi(i) + e_i)
+
+    run_blocks(encode_block, len(seeds))
     y_enc = w[:, :1].to(y.dtype) * y + w[:, 1:].to(y.dtype) * y[perm]
     sources = torch.stack([torch.arange(n), perm], dim=1)
     return Encoded(x=x_enc, y=y_enc, weights=w, sources=sources, noise=noise)
+
+
+def run_blocks(fn, count: int) -> None:
+    """fn(0..count-1) on torch's intra-op thread count; each block's ops run single-threaded
+    (OpenMP teams nested inside the pool would oversubscribe the cores)."""
+    threads = torch.get_num_threads()
+    if threads == 1 or count == 1:
+        for block in range(count):
+            fn(block)
+        return
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(fn, range(count)))  # list(): re-raise a block's exception here
+    finally:
+        torch.set_num_threads(threads)

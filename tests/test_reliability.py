@@ -1,0 +1,177 @@
+"""Reliability through the real apps: reproducible runs, resume after a crash, parties that time out.
+
+Every run here is an in-process Flower simulation (Ray) of the real ServerApp and ClientApp on
+scikit-learn digits, 3 parties, a few epochs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from rich.console import Console
+
+from clients.app import app as client_app
+from fedsmix.config import load_settings
+from server.results import render
+from server.simulate import simulate
+
+PARTIES = 3
+BASE = {
+    "preset": "configs/quickstart.yaml",
+    "strategies": "mixup-union,local-only,fedavg",
+    "epochs": 4,
+    "rounds": 1,
+    "checkpoint-every": 1,
+}
+
+
+def manifest(results: dict) -> dict[str, tuple[str, str]]:
+    entries = json.loads((Path(results["run-dir"]) / "uploads" / "manifest.json").read_text())
+    return {party: (e["x"]["sha256"], e["y"]["sha256"]) for party, e in entries.items()}
+
+
+def outcome(results: dict) -> dict:
+    """Everything a run computes, without wall-clock times and node ids (both differ per run)."""
+    mix, local, fedavg = (results["strategies"][k] for k in ("mixup-union", "local-only", "fedavg"))
+    timeless = ("encode-seconds", "node", "upload-bytes")
+    return {
+        "mixup-union": (mix["accuracy"], mix["test-loss"], mix["weights-sha256"], mix["union-size"]),
+        "parties": {p: {k: v for k, v in m.items() if k not in timeless} for p, m in mix["parties"].items()},
+        "local-only": local["per-party-accuracy"],
+        "fedavg": [(point["round"], point["accuracy"]) for point in fedavg["curve"]],
+    }
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("baseline")
+    return simulate({**BASE, "runs-dir": str(runs)}, num_parties=PARTIES)
+
+
+def test_same_seed_is_bit_identical(baseline, runs_dir):
+    again = simulate({**BASE, "runs-dir": runs_dir}, num_parties=PARTIES)
+    assert manifest(again) == manifest(baseline)  # every party's upload: same sha256
+    assert outcome(again) == outcome(baseline)  # accuracy, loss, weights, per-party and per-round metrics
+
+
+def test_another_seed_gives_other_encodings(baseline, runs_dir):
+    other = simulate({**BASE, "strategies": "mixup-union", "seed": 1, "runs-dir": runs_dir}, num_parties=PARTIES)
+    ours, theirs = manifest(baseline), manifest(other)
+    assert set(ours) == set(theirs) == {str(p) for p in range(PARTIES)}
+    for party in ours:
+        assert ours[party][0] != theirs[party][0], party  # encoded inputs differ for every party
+
+
+def test_interrupted_training_resumes_to_the_same_model(baseline, tmp_path):
+    runs = str(tmp_path / "runs")
+    settings = {**BASE, "strategies": "mixup-union", "runs-dir": runs}
+    with pytest.raises(Exception, match="interruption of central training after epoch 2"):
+        simulate({**settings, "fault": "interrupt:2"}, num_parties=PARTIES)
+    crashed = json.loads((Path(runs) / "latest" / "results.json").read_text())
+    run_dir = Path(crashed["run-dir"])
+    assert "error" in crashed["strategies"]["mixup-union"]
+    assert torch.load(run_dir / "checkpoints" / "central.pt", weights_only=False)["epoch"] == 2
+    stored = manifest(crashed)
+    assert stored == manifest(baseline)  # the uploads survived the crash, sha256 and all
+
+    resumed = simulate({**settings, "resume": str(run_dir)}, num_parties=PARTIES)
+    assert resumed["run-dir"] == str(run_dir)
+    mix = resumed["strategies"]["mixup-union"]
+    assert mix["resumed-from-epoch"] == 2 and mix["epochs"] == BASE["epochs"]
+    assert all(p.get("from-store") for p in mix["parties"].values())  # no party encoded again
+    assert mix["mean-bytes-up-per-party"] < 10_000  # stubs, not uploads
+    assert manifest(resumed) == stored
+    reference = baseline["strategies"]["mixup-union"]
+    assert (mix["accuracy"], mix["test-loss"], mix["weights-sha256"]) == (
+        reference["accuracy"], reference["test-loss"], reference["weights-sha256"],
+    )
+    weights = torch.load(run_dir / "models" / "mixup-union.pt")
+    expected = torch.load(Path(baseline["run-dir"]) / "models" / "mixup-union.pt")
+    assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in weights)
+
+
+def test_resume_reverifies_uploads_and_asks_only_for_the_damaged_one(baseline, tmp_path):
+    runs = str(tmp_path / "runs")
+    settings = {**BASE, "strategies": "mixup-union", "runs-dir": runs}
+    with pytest.raises(Exception, match="interruption"):
+        simulate({**settings, "fault": "interrupt:1"}, num_parties=PARTIES)
+    run_dir = (Path(runs) / "latest").resolve()
+    damaged = run_dir / "uploads" / "party-001.x.npy"
+    damaged.write_bytes(damaged.read_bytes()[:-8] + b"\0" * 8)  # bit rot in party 1's file
+
+    resumed = simulate({**settings, "resume": "latest"}, num_parties=PARTIES)
+    mix = resumed["strategies"]["mixup-union"]
+    assert [d["party"] for d in mix["discarded-uploads"]] == ["1"]
+    assert not mix["parties"]["1"].get("from-store") and mix["parties"]["0"]["from-store"]
+    assert manifest(resumed) == manifest(baseline)  # party 1 re-encoded the same bytes from its seed
+    assert mix["weights-sha256"] == baseline["strategies"]["mixup-union"]["weights-sha256"]
+
+
+def test_resume_refuses_other_settings(baseline):
+    with pytest.raises(Exception, match=r"resume: .* other settings \(epochs: 4 -> 5"):
+        simulate({**BASE, "epochs": 5, "runs-dir": str(Path(baseline["run-dir"]).parent), "resume": "latest"}, num_parties=PARTIES)
+
+
+def test_a_party_that_times_out_is_dropped_in_every_strategy(runs_dir):
+    """Party 2 stalls past the reply timeout in mixup-union, local-only and FedProx (FedAvg is the
+    same class with mu = 0). One actor per party, so the stalled one holds up nobody."""
+    timeout = 30.0
+    results = simulate(
+        {
+            **BASE,
+            "strategies": "mixup-union,local-only,fedprox",
+            "fault": "timeout:2",
+            "reply-timeout": timeout,
+            "runs-dir": runs_dir,
+        },
+        num_parties=PARTIES,
+        federation={"init-args-num-cpus": PARTIES},
+    )
+    for name, res in results["strategies"].items():
+        assert "error" not in res, (name, res)
+        assert res["parties-used"] == PARTIES - 1, name
+        assert len(res["dropped"]) == 1, (name, res["dropped"])
+        assert f"no reply within {timeout:g}s (timeout)" in res["dropped"][0]["reason"], name
+        assert res["dropped"][0]["party"] == 2, name  # named: it answered the server's hello
+    assert results["strategies"]["fedprox"]["dropped"][0]["round"] == 1
+    assert sorted(results["strategies"]["mixup-union"]["parties"]) == ["0", "1"]
+
+    printed = io.StringIO()
+    render(results, Console(file=printed, width=250))
+    rows = [line for line in printed.getvalue().splitlines() if "timeout" in line]
+    for name in results["strategies"]:  # the printed table lists the dropped party of every strategy
+        assert any(name in row and "dropped" in row for row in rows), (name, printed.getvalue())
+
+
+@pytest.fixture
+def task_identity():
+    """Messages are stamped with the sender's task identity, as inside a Flower process."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+
+
+def ask(message_type: str, config: dict, party: int = 1) -> Message:
+    msg = Message(RecordDict({"config": ConfigRecord(config)}), dst_node_id=7, message_type=message_type)
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": party, "num-partitions": 3}, state=RecordDict(), run_config={})
+    return client_app(msg, context)
+
+
+def test_hello_and_stored_stub_replies_carry_only_the_party(task_identity):
+    """The two small replies a party sends besides its upload: no arrays, no secrets."""
+    settings = load_settings({"preset": "configs/quickstart.yaml"}).to_json()
+    hello = ask("query.hello", {"settings": settings})
+    assert set(hello.content.keys()) == {"metrics"}
+    assert dict(hello.content["metrics"]) == {"party": 1, "num-examples": hello.content["metrics"]["num-examples"]}
+    stub = ask("query.encode", {"settings": settings, "stored-parties": "0,1"})
+    assert set(stub.content.keys()) == {"metrics"} and dict(stub.content["metrics"]) == {"party": 1, "stored": 1}
+    fresh = ask("query.encode", {"settings": settings, "stored-parties": "0,2"})
+    assert set(fresh.content.keys()) == {"upload", "metrics"}  # not stored: it encodes and uploads

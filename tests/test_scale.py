@@ -1,0 +1,194 @@
+"""Scale (fast, CPU): resources reach Flower's federation config, the device falls back to CPU,
+float16 uploads round-trip within half an ulp, and the server holds one upload at a time."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.common.config import parse_config_args
+from flwr.simulation.app import _run_simulation_settings
+from flwr.supercore.utils import simulation_config_from_json
+
+from clients.app import app as client_app
+from fedsmix import cli, device, launch
+from fedsmix.config import SettingsError, load_settings
+from fedsmix.federation import FLOWER_KEYS, backend_config, federation_config, flower_part
+from server.context import RunContext
+from server.store import UploadStore
+from server.validation import validate_upload
+from strategies.mixup_union import collect_uploads, expectation
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    """Messages are stamped with the sender's task identity, as inside a Flower process."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+
+
+@pytest.fixture
+def gpu_preset(tmp_path):
+    path = tmp_path / "gpu.yaml"
+    path.write_text(
+        "dataset: digits\n"
+        "federation:\n"
+        "  num-supernodes: 30\n"
+        "  client-resources-num-cpus: 2\n"
+        "  client-resources-num-gpus: 0.25\n"
+        "  init-args-num-gpus: 1\n"
+    )
+    return str(path)
+
+
+def flower_backend(federation_arg: str) -> dict:
+    """What Flower 1.42 makes of a `--federation-config` string: its own parser, then its own mapping."""
+    parsed = {k.replace("-", "_"): v for k, v in parse_config_args([federation_arg]).items()}
+    _, backend, config, _, _ = _run_simulation_settings(simulation_config_from_json(parsed))
+    assert backend == "ray"
+    return config
+
+
+def test_preset_and_flags_reach_flowers_backend_config(gpu_preset, monkeypatch):
+    captured = {}
+
+    def fake_flwr_run(run_config, num_supernodes, federation_config=None, environment=None, **kwargs):
+        captured.update(parties=num_supernodes, federation=federation_config, environment=environment)
+        return launch.FlowerRun(1, "finished:completed", 0, "")
+
+    monkeypatch.setattr(launch, "flwr_run", fake_flwr_run)
+    code = cli.main(["run", "--preset", gpu_preset, "--federation", "client-resources-num-gpus=0.5", "--federation", "ray-address=10.0.0.1:6379"])
+    assert code == 0
+    assert captured["parties"] == 30  # from the preset's block: no --parties given
+    assert captured["environment"] == {"RAY_ADDRESS": "10.0.0.1:6379"}  # ours, not Flower's key
+    argument = launch._config_arg({**captured["federation"], "num-supernodes": captured["parties"]})
+    config = flower_backend(argument)
+    assert config["client_resources"] == {"num_cpus": 2, "num_gpus": 0.5}  # the flag beat the preset's 0.25
+    assert config["init_args"] == {"num_gpus": 1}
+
+
+def test_in_process_simulation_maps_resources_as_flower_does(gpu_preset):
+    federation = federation_config(gpu_preset)
+    ours = backend_config(federation)
+    theirs = flower_backend(launch._config_arg(flower_part(federation)))
+    assert ours == theirs
+    assert backend_config({"ray-address": "auto"})["init_args"] == {"address": "auto"}
+
+
+def test_federation_keys_are_flowers(gpu_preset):
+    from flwr.proto.federation_config_pb2 import SimulationConfig
+
+    assert {k.replace("-", "_") for k in FLOWER_KEYS} == {f.name for f in SimulationConfig.DESCRIPTOR.fields}
+    with pytest.raises(SettingsError, match="unknown key.*client-resources-num-gpu.*allowed"):
+        federation_config(gpu_preset, {"client-resources-num-gpu": 1})
+    with pytest.raises(SettingsError, match="client-resources-num-cpus = 0.5: expected a non-negative int"):
+        federation_config("", {"client-resources-num-cpus": 0.5})
+    # the preset's federation block is not a run setting
+    assert load_settings(preset=gpu_preset).dataset == "digits"
+
+
+def test_device_falls_back_to_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device.select_device("auto") == "cpu"
+    assert device.select_device("cpu") == "cpu"
+    with pytest.raises(RuntimeError, match="device: 'cuda' was requested"):
+        device.select_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert device.select_device("auto") == "cuda"
+    assert device.select_device("cpu") == "cpu"
+
+
+def encode_reply(settings, party=0, parties=3) -> Message:
+    msg = Message(RecordDict({"config": ConfigRecord({"settings": settings.to_json()})}), dst_node_id=7, message_type="query.encode")
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": party, "num-partitions": parties}, state=RecordDict(), run_config={})
+    return client_app(msg, context)
+
+
+def test_float16_uploads_round_trip_within_half_an_ulp(tmp_path):
+    """The real encode reply, validated and stored by the server, read back through the union."""
+    unions = {}
+    for dtype in ("float32", "float16"):
+        settings = load_settings({"preset": "configs/quickstart.yaml", "upload-dtype": dtype})
+        reply = encode_reply(settings)
+        assert reply.content["upload"]["x"].dtype == dtype
+        upload = validate_upload(reply.content, "node 7", expectation_for(settings), set())
+        store = UploadStore(tmp_path / dtype)
+        store.save(upload.party, upload.x, upload.y, upload.metrics)
+        unions[dtype] = (store.union()[0][np.arange(upload.x.shape[0])], upload.nbytes)
+    exact, full_bytes = unions["float32"]
+    half, half_bytes = unions["float16"]
+    assert half.dtype == np.float32 and half.shape == exact.shape
+    # round to nearest with a 10-bit mantissa: |error| <= 2^-11 |x| (plus half the subnormal step)
+    assert (np.abs(half - exact) <= 2.0**-11 * np.abs(exact) + 2.0**-25).all()
+    assert np.abs(half - exact).max() > 0  # it did round
+    assert half_bytes < 0.6 * full_bytes  # x halves; the soft labels stay float32
+
+
+def test_float16_refuses_values_it_cannot_hold():
+    settings = load_settings({"preset": "configs/quickstart.yaml", "upload-dtype": "float16", "radius-mode": "fixed", "radius": 1e7})
+    with pytest.raises(ValueError, match="upload-dtype float16: encoded values reach .* beyond float16's 65504"):
+        encode_reply(settings)  # inside Flower, the party's error reply: it is dropped, not uploading Inf
+
+
+def expectation_for(settings):
+    return expectation(RunContext(settings=settings, grid=None, run_dir=None, device="cpu"))
+
+
+def upload_reply(party: int, rows: int) -> Message:
+    ins = Message(RecordDict({}), dst_node_id=100 + party, message_type="query.encode")
+    x = np.random.default_rng(party).standard_normal((rows, 1, 8, 8), dtype=np.float32)
+    upload = ArrayRecord({"x": Array(x), "y": Array(np.full((rows, 10), 0.1, np.float32))})
+    return Message(RecordDict({"upload": upload, "metrics": MetricRecord({"party": party, "num-examples": rows})}), reply_to=ins)
+
+
+def peak_while_collecting(tmp_path, parties: int, rows: int) -> float:
+    settings = load_settings({"preset": "configs/quickstart.yaml"})
+    ctx = RunContext(settings=settings, grid=None, run_dir=tmp_path, device="cpu")
+    store = UploadStore(tmp_path / f"uploads-{parties}")
+    replies = (upload_reply(party, rows) for party in range(parties))  # on demand, as Flower's pull hands them over
+    tracemalloc.start()
+    try:
+        used, rejected, dropped = collect_uploads(ctx, replies, store, [100 + p for p in range(parties)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sorted(used) == list(range(parties)) and not rejected and not dropped
+    x, _ = store.union()
+    assert isinstance(x.parts[0], np.memmap) and len(x) == parties * rows  # training reads from disk
+    return peak
+
+
+def test_the_server_holds_one_upload_at_a_time(tmp_path):
+    """Replies are validated, stored and dropped as they arrive: peak memory does not grow with their number."""
+    rows = 16_384
+    one_upload = rows * (64 + 10) * 4  # about 4.6 MiB
+    two, eight = peak_while_collecting(tmp_path, 2, rows), peak_while_collecting(tmp_path, 8, rows)
+    assert eight < two + one_upload, f"2 uploads: peak {two / 2**20:.1f} MiB; 8 uploads: {eight / 2**20:.1f} MiB"
+
+
+def test_encoding_does_not_depend_on_the_thread_count():
+    """The encoder fills cache-sized blocks on a thread pool; each block has its own seeded stream."""
+    from fedsmix.encoders.singularized import BLOCK_VALUES, singularized_mixup
+    from fedsmix.seeding import generator
+
+    x = torch.randn(3000, 3, 8, 8)
+    y = torch.nn.functional.one_hot(torch.arange(3000) % 10, 10).float()
+    assert len(x) > 2 * BLOCK_VALUES // x[0].numel()  # several blocks
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = singularized_mixup(x, y, 0.7, 5.0, generator(0, "threads"))
+        torch.set_num_threads(4)
+        pooled = singularized_mixup(x, y, 0.7, 5.0, generator(0, "threads"))
+        assert torch.get_num_threads() == 4  # restored after the pool
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(serial.x, pooled.x) and torch.equal(serial.noise, pooled.noise)
+    assert torch.allclose(pooled.noise.flatten(1).norm(dim=1), torch.full((3000,), 5.0), rtol=1e-4)
