@@ -13,7 +13,6 @@ through clamping and the backbone, measured as a feature displacement.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from torch import nn
 from . import data as datalib
 from .config import Settings
 from .encoders import data_statistics, noise_multiplier, sample_sphere
-from .runs import atomic_write_json
+from .runs import atomic_write_json, sha256_file
 
 CACHE_ENV = "FEDSMIX_FEATURE_CACHE"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -110,11 +109,8 @@ def weights_file(settings: Settings) -> Path:
 
 @lru_cache(maxsize=16)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """Cached by (path, size, mtime): a weights file is hashed once per process, not per party."""
+    return sha256_file(Path(path))
 
 
 def weights_digest(path: Path) -> str:

@@ -24,3 +24,25 @@ def data_dir() -> str:
 @pytest.fixture
 def runs_dir(tmp_path) -> str:
     return str(tmp_path / "runs")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Small tensors on a busy shared CPU: OpenMP threads only spin against each other."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def task_identity():
+    """Messages are stamped with the sender's task identity, as inside a Flower process."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old

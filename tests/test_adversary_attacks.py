@@ -20,14 +20,8 @@ from server.adversary.cases import observation
 from server.adversary.linear import LinearAttack
 from server.adversary.unet import UNetAttack
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The test machine's few cores are shared: oversubscribed threads cost more than they give."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def cifar_victims(data_dir: str, n: int) -> Partition:

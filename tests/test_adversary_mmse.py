@@ -16,13 +16,8 @@ from server.adversary.cases import observation
 from server.adversary.linear import LinearAttack
 from server.adversary.mmse import GaussianPrior, MMSEAttack
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

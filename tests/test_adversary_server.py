@@ -16,13 +16,8 @@ from server.adversary.cli import parse_taus
 from server.adversary.oracle import ReplayMismatch, check_replay, replay_party
 from server.simulate import simulate
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_oracle_replays_a_party_and_refuses_anything_else():

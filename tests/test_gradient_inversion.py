@@ -11,14 +11,8 @@ from fedsmix.training import soft_cross_entropy
 from server.adversary.gradient import InvertingGradients, attacker_copy, cosine_distance
 from server.frontier.cases import first_round_update, public_mean
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One image through a small CNN: on a busy shared CPU, OpenMP threads only spin against each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,8 @@ from server.adversary.abs_solve import AbsSolve, recover_signs
 from server.adversary.averaging import Averaging
 from server.adversary.mixing import flat_bounds, mixing_system
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small gathers and scatters: on a busy shared CPU, OpenMP threads only spin against each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def gen(seed=0):

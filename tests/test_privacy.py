@@ -10,20 +10,12 @@ from clients.app import app as client_app
 from fedsmix.config import load_settings
 from fedsmix.pipeline import load_partition
 
+pytestmark = pytest.mark.usefixtures("task_identity")
+
 AGREED_METRICS = {
     "party", "num-examples", "tau", "alpha", "radius", "m-f", "D", "V", "c", "snr-bound", "snr-empirical", "encode-seconds",
 }
 
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Messages are stamped with the sender's task identity, as inside a Flower process."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
 
 
 def encode_reply(settings, party=0, parties=3) -> Message:

@@ -22,16 +22,8 @@ from server.store import UploadStore
 from server.validation import validate_upload
 from strategies.mixup_union import collect_uploads, expectation
 
+pytestmark = pytest.mark.usefixtures("task_identity")
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Messages are stamped with the sender's task identity, as inside a Flower process."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
 
 
 @pytest.fixture

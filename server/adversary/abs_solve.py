@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .base import Attack, Observation
-from .mixing import MixingSystem, box_least_squares, flat_bounds, mixing_system, prior_mean
+from .mixing import MixingSystem, box_least_squares, linear_problem
 
 #: |(hi + lo) / (hi - lo)| above which the range itself picks the likelier sign (MNIST: 0.74; CIFAR-10: <= 0.11)
 SKEW = 0.25
@@ -81,16 +81,13 @@ class AbsSolve(Attack):
 
     def reconstruct(self, observation: Observation) -> torch.Tensor:
         obs = observation
-        masked = self.masked if self.masked is not None else bool(obs.extras.get("masked", False))
-        system = mixing_system(obs)
-        m, n = system.shape
-        d = obs.x_tilde[0].numel()
-        y = obs.x_tilde.reshape(m, d).to(torch.float64)
-        lo, hi = flat_bounds(obs, d)
-        x = prior_mean(obs, d).expand(n, d).clamp(lo, hi)
+        problem = linear_problem(obs, self.masked)
+        system, y, lo, hi = problem.system, problem.y, problem.lo, problem.hi
+        n = system.n
+        x = problem.start.expand(n, -1).clone()
         lipschitz = system.lipschitz()
         p = system.public_part
-        if not masked:
+        if not problem.masked:
             x = box_least_squares(system, y - p, lo, hi, x, self.iters, lipschitz)
         else:
             magnitude = y.abs()

@@ -20,7 +20,7 @@ import torch
 
 from .abs_solve import recover_signs
 from .base import Attack, Observation
-from .mixing import flat_bounds, mixing_system, prior_mean
+from .mixing import linear_problem, prior_mean
 
 
 class Averaging(Attack):
@@ -32,14 +32,12 @@ class Averaging(Attack):
 
     def reconstruct(self, observation: Observation) -> torch.Tensor:
         obs = observation
-        masked = self.masked if self.masked is not None else bool(obs.extras.get("masked", False))
-        system = mixing_system(obs)
+        problem = linear_problem(obs, self.masked)
+        system, y, lo, hi = problem.system, problem.y, problem.lo, problem.hi
         m, n = system.shape
-        d = obs.x_tilde[0].numel()
-        lo, hi = flat_bounds(obs, d)
-        y = obs.x_tilde.reshape(m, d).to(torch.float64)
-        if masked:
-            guess = system.mix(prior_mean(obs, d).expand(n, d).clamp(lo, hi)) + system.public_part
+        d = y.shape[1]
+        if problem.masked:
+            guess = system.mix(problem.start.expand(n, d)) + system.public_part
             signs, _ = recover_signs(system, y.abs(), lo, hi, guess, torch.finfo(obs.x_tilde.dtype).eps)
             y = signs * y.abs()
         residual = y - system.public_part  # = A x (+ noise)

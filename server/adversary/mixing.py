@@ -99,6 +99,33 @@ def flat_bounds(obs: Observation, d: int, dtype: torch.dtype = torch.float64) ->
     return lo, hi
 
 
+@dataclass
+class LinearProblem:
+    """What every known-mixing solver starts from: the system, the observed rows, the valid box."""
+
+    system: MixingSystem
+    y: torch.Tensor  # (m, d) observed uploads, float64 (sign-masked when `masked`)
+    lo: torch.Tensor  # (1, d)
+    hi: torch.Tensor  # (1, d)
+    masked: bool
+    start: torch.Tensor  # (1, d) the data-free guess (public mean, else 0), inside the box
+
+
+def linear_problem(obs: Observation, masked: bool | None = None) -> LinearProblem:
+    """`masked=None`: as the observation says (InstaHide's sign masks)."""
+    system = mixing_system(obs)
+    d = obs.x_tilde[0].numel()
+    lo, hi = flat_bounds(obs, d)
+    return LinearProblem(
+        system=system,
+        y=obs.x_tilde.reshape(system.shape[0], d).to(torch.float64),
+        lo=lo,
+        hi=hi,
+        masked=bool(obs.extras.get("masked", False)) if masked is None else masked,
+        start=prior_mean(obs, d).clamp(lo, hi),
+    )
+
+
 def prior_mean(obs: Observation, d: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """The attacker's data-free starting point: the public mean sample (the trivial guess), else 0."""
     mean = obs.extras.get("prior_mean")
