@@ -148,17 +148,6 @@ def test_a_party_that_times_out_is_dropped_in_every_strategy(runs_dir):
         assert any(name in row and "dropped" in row for row in rows), (name, printed.getvalue())
 
 
-@pytest.fixture
-def task_identity():
-    """Messages are stamped with the sender's task identity, as inside a Flower process."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    old = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
-
-
 def ask(message_type: str, config: dict, party: int = 1) -> Message:
     msg = Message(RecordDict({"config": ConfigRecord(config)}), dst_node_id=7, message_type=message_type)
     context = Context(run_id=1, node_id=7, node_config={"partition-id": party, "num-partitions": 3}, state=RecordDict(), run_config={})
