@@ -356,7 +356,8 @@ def public_features(settings: Settings, size: int = 0) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- pixel-mapped radius
-def party_pixels(settings: Settings, rows: np.ndarray, split: str = "train") -> tuple[torch.Tensor, datalib.DatasetSpec]:
+def party_pixels(settings: Settings, rows: np.ndarray,
+                 split: str = "train") -> tuple[torch.Tensor, datalib.DatasetSpec]:
     """A party's own images, normalised as in pixel space (where D_pixels is measured)."""
     raw = datalib.load_split(settings.dataset, split, settings.data_dir, settings.download)
     return datalib.normalize(datalib.to_unit(raw.images[rows], raw.spec), raw.spec), raw.spec

@@ -96,7 +96,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("attack", help="tau sweep of the reconstruction attacks (paper Tables 1-2), tables and figures")
     p.add_argument("--dataset", default="cifar10", help="one or more, comma-separated (e.g. mnist,cifar10)")
     p.add_argument("--victims", type=int, default=1000, help="first N images of --split, or N spread over --parties")
-    p.add_argument("--split", default=None, choices=("test", "train"), help="where the first N victims come from (test)")
+    p.add_argument("--split", default=None, choices=("test", "train"), help="the first N victims' split (default test)")
     p.add_argument("--parties", type=int, default=0,
                    help="P > 0: attack the P parties' own partitions (partitioner, seed), N / P victims each")
     p.add_argument("--taus", default="1,1e-1,...,1e-6")

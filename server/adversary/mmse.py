@@ -210,7 +210,8 @@ class MMSEAttack(Attack):
         return mean, error
 
 
-def _cycle_posterior_mean(g: float, w1: np.ndarray, w2: np.ndarray, noise_var: np.ndarray, obs: np.ndarray) -> np.ndarray:
+def _cycle_posterior_mean(g: float, w1: np.ndarray, w2: np.ndarray, noise_var: np.ndarray,
+                          obs: np.ndarray) -> np.ndarray:
     """g W^T (g W W^T + N)^-1 obs for one cycle: W = diag(w1) + w2 on the cyclic superdiagonal
     (row m mixes the cycle's samples m and m + 1), N = diag(noise_var); obs is (L,) or (L, columns)."""
     if g <= 0:

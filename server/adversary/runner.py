@@ -173,7 +173,7 @@ def write_report(out_dir: Path, s, summary: dict, x, mixed, estimates: dict, per
         ("t41", "Thm 4.1 r²T / error (median)"),
     ]
     rows = summary_rows(summary)
-    title = f"{s.dataset}, tau = {s.tau:g}, radius mode {s.radius_mode}, {summary['victims']} victims, in {mixing_space(s)}"
+    title = f"{s.dataset}, tau = {s.tau:g} ({s.radius_mode}), {summary['victims']} victims, in {mixing_space(s)}"
     atomic_write_bytes(out_dir / "summary.md", f"# Attacks on the uploads: {title}\n\n{markdown(rows, columns)}".encode())
     files = [str(out_dir / "summary.md"), str(write_csv(out_dir / "summary.csv", rows))]
     if to_unit is not None and x.dim() == 4 and estimates:

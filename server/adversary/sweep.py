@@ -130,7 +130,7 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
     built, skipped = build_attacks(attacks, settings, public, device, mmse_rank, sample_shape=sample_shape)
     del public  # the prior and the U-Net keep what they need
     n_victims = sum(len(rows) for _, rows in cases)
-    log(f"[{label}] {n_victims} victims {tuple(sample_shape)} from {len(cases)} part{'ies' if len(cases) > 1 else 'y'}; "
+    log(f"[{label}] {n_victims} victims {tuple(sample_shape)} from {len(cases)} partition(s); "
         f"attacks {list(built)} (prior/setup {time.perf_counter() - t_build:.1f}s); skipped {skipped or 'none'}")
     result = {
         "dataset": settings.dataset, "label": label, "victims": n_victims, "split": "train" if parties else split,
@@ -162,8 +162,8 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
                 pooled[name].append(attack.reconstruct(obs)[picked])
                 seconds[name] += time.perf_counter() - started
                 if name in KNOWN_W:
-                    t41[name].append(theorem41_samples(part.x[rows], pooled[name][-1].cpu(), enc.weights, enc.sources[:, 1],
-                                                       calibration.radius, rows))
+                    t41[name].append(theorem41_samples(part.x[rows], pooled[name][-1].cpu(), enc.weights,
+                                                       enc.sources[:, 1], calibration.radius, rows))
             pooled["x"].append(part.x[rows])
             pooled["mixed"].append(enc.x[rows])
             del enc, obs
@@ -176,8 +176,8 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
         record = {
             "tau": tau, **calibration_summary(calibrations, [part.party for part, _ in cases]),
             **report, "mixed": mixed.as_dict(), "seconds": seconds,
-            "theorem41": {n: theorem41_summary({k: torch.cat([t[k] for t in t41[n]]) for k in ("bound", "error", "signal")})
-                          for n in KNOWN_W if n in t41},
+            "theorem41": {n: theorem41_summary({k: torch.cat([t[k] for t in parts]) for k in ("bound", "error", "signal")})
+                          for n, parts in t41.items()},
             "paper": {"linear": paper_value(PAPER_LINEAR, settings.dataset, tau) if pixels else None,
                       "unet": paper_value(PAPER_UNET, settings.dataset, tau) if pixels else None},
         }
