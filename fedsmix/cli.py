@@ -1,4 +1,4 @@
-"""Command line: `python -m fedsmix run|grid|attack|show` (see README)."""
+"""Command line: `python -m fedsmix run|grid|attack|frontier|show` (see README)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def _extra_commands():
     """Sub-commands that live with their role (runner, adversary) register themselves here."""
     import importlib
 
-    for module in ("fedsmix.runner", "server.adversary.cli"):
+    for module in ("fedsmix.runner", "server.adversary.cli", "server.frontier.command"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as err:

@@ -59,6 +59,7 @@ class Settings(BaseModel):
     classes_per_party: int = Field(2, ge=1)
     min_partition_size: int = Field(10, ge=1)
     test_subset: int = Field(0, ge=0, description="0 = the whole test split")
+    train_subset: int = Field(0, ge=0, description="0 = the whole training split; else a fixed random subset")
     # features
     backbone: Literal[BACKBONES] = "none"  # type: ignore[valid-type]
     weights_path: str = ""
@@ -136,6 +137,20 @@ class Settings(BaseModel):
             raise ValueError("radius-mode 'fixed' needs radius > 0")
         if self.radius_mode == "pixel-mapped" and self.backbone == "none":
             raise ValueError("radius-mode 'pixel-mapped' needs a backbone (mixing in feature space)")
+        if self.encoder in ("mixup", "instahide-inside", "instahide-cross") and self.coefficient_cap * self.mix_k < 1:
+            raise ValueError(
+                f"coefficient-cap {self.coefficient_cap} x mix-k {self.mix_k} < 1: the weights cannot sum to 1"
+            )
+        if self.encoder == "instahide-cross":
+            if self.mix_k < 3:
+                raise ValueError(
+                    f"mix-k: instahide-cross mixes 2 private and mix-k - 2 >= 1 public images; got {self.mix_k}"
+                )
+            if self.private_mass_min > min(1.0, 2 * self.coefficient_cap) or self.private_mass_min >= 1.0:
+                raise ValueError(
+                    f"private-mass-min {self.private_mass_min} is unreachable with coefficient-cap "
+                    f"{self.coefficient_cap} and at least one public image"
+                )
         return self
 
     # ------------------------------------------------------------------ helpers
@@ -195,6 +210,7 @@ def read_preset(preset: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SettingsError(f"preset {preset!r}: expected a mapping of settings, got {type(data).__name__}")
     data.pop("grid", None)  # sweep axes belong to the runner, not to one run
+    data.pop("frontier", None)  # so do the frontier's rows and attack budget (server/frontier/plan.py)
     data.pop("description", None)
     return data
 

@@ -51,10 +51,18 @@ def to_space(settings: Settings, raw: datalib.RawSplit, split: str, rows: np.nda
     return features_for(settings, split, rows)
 
 
+def train_subset_rows(settings: Settings, n: int) -> np.ndarray | None:
+    """The fixed random subset of the training split that `train-subset` keeps (None: all of it)."""
+    if settings.train_subset and settings.train_subset < n:
+        return np.sort(np.random.RandomState(settings.seed).permutation(n)[: settings.train_subset])
+    return None
+
+
 def load_partition(settings: Settings, party: int, num_parties: int) -> Partition:
     raw = datalib.load_split(settings.dataset, "train", settings.data_dir, settings.download)
+    subset = train_subset_rows(settings, len(raw))
     rows = partition_indices(
-        raw.labels,
+        raw.labels if subset is None else raw.labels[subset],
         party,
         num_parties,
         settings.partitioner,
@@ -63,6 +71,8 @@ def load_partition(settings: Settings, party: int, num_parties: int) -> Partitio
         settings.classes_per_party,
         settings.min_partition_size,
     )
+    if subset is not None:
+        rows = subset[rows]
     x = to_space(settings, raw, "train", rows)
     labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
     return Partition(party, x, labels, raw.spec.num_classes, raw.spec, rows)
@@ -194,4 +204,6 @@ def mixing_shape(settings: Settings) -> tuple[int, ...]:
 def load_train_all(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole training split in mixing space: only for the non-private reference."""
     raw = datalib.load_split(settings.dataset, "train", settings.data_dir, settings.download)
-    return to_space(settings, raw, "train", None), torch.from_numpy(raw.labels.astype(np.int64))
+    rows = train_subset_rows(settings, len(raw))
+    labels = raw.labels if rows is None else raw.labels[rows]
+    return to_space(settings, raw, "train", rows), torch.from_numpy(labels.astype(np.int64))

@@ -114,8 +114,8 @@ def train(
         total = 0.0
         for start in range(0, n, cfg.batch_size):
             index = order[start : start + cfg.batch_size]
-            if len(index) < 2 and any(isinstance(m, nn.BatchNorm1d | nn.BatchNorm2d) for m in model.modules()):
-                continue  # BatchNorm cannot train on a single sample
+            if len(index) < 2 and any(isinstance(m, nn.BatchNorm1d) for m in model.modules()):
+                continue  # BatchNorm1d cannot train on a single sample (BatchNorm2d still has H x W values)
             xb = _rows(x, index, device)
             yb = y_dev[index].to(device, dtype=torch.float32)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):

@@ -42,6 +42,7 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
             failures.append(f"{name}: {type(err).__name__}: {err}")
         results["num-parties"] = len(list(grid.get_node_ids()))  # SuperNodes may register after the start
         results_io.write(run_dir, results)  # after every strategy: nothing finished is lost
+    results["num-parties"] = max(results["num-parties"], len(list(grid.get_node_ids())))  # may still register at start
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results_io.write(run_dir, results)
     results_io.render(results)

@@ -74,3 +74,12 @@ def test_bad_party_id_is_named():
 
 def test_one_hot():
     assert torch.equal(data.one_hot(torch.tensor([1, 0]), 3), torch.tensor([[0.0, 1, 0], [1, 0, 0]]))
+
+
+def test_converting_a_split_leaves_the_cached_split_untouched():
+    """digits is stored as float32: an in-place conversion would rescale the cached split on every load."""
+    raw = data.load_split("digits", "test")
+    before = raw.images.copy()
+    data.to_unit(raw.images, raw.spec)
+    data.normalized_tensors(raw)
+    assert np.array_equal(data.load_split("digits", "test").images, before)

@@ -2,7 +2,14 @@
 
 Inside-dataset: k private images. Cross-dataset: 2 private + (k-2) public images, the two
 private coefficients summing to at least `private_min`; labels come from private images
-only (renormalised to sum 1 so they stay a distribution).
+only (renormalised to sum 1 so they stay a distribution: InstaHide's code leaves them summing
+to w1 + w2, which only rescales each sample's loss, and the server rejects rows not summing to 1).
+Coefficients are uniform on [0, 1]^k, normalised, and redrawn until every one is <= cap (c1 = 0.65
+in the paper) and, in cross mode, the private pair reaches private_min (c2 = 0.3), both checked on
+the same draw (InstaHide's code redraws for c2 without re-checking c1). The mask is drawn fresh
+for every encoded image and every pixel and channel (Definition 3.1), also for each of the T
+encodings of a sample. Mixing happens in the normalised (centred) space, as in InstaHide's code:
+there the mask hides on which side of the data mean a mixture lies (server/adversary/abs_solve.py).
 """
 
 from __future__ import annotations
@@ -19,14 +26,29 @@ def sign_masks(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tens
     return torch.randint(0, 2, shape, generator=generator).mul_(2).sub_(1).float()
 
 
-def _cross_weights(n: int, k: int, cap: float, private_min: float, generator: torch.Generator) -> torch.Tensor:
+def _cross_weights(
+    n: int, k: int, cap: float, private_min: float, generator: torch.Generator, max_rounds: int = 1000
+) -> torch.Tensor:
+    """Weights with max <= cap and the first two (private) summing to >= private_min, by rejection."""
+    if private_min > min(1.0, 2 * cap) or (private_min >= 1.0 and k > 2):
+        raise ValueError(
+            f"private-mass-min {private_min} cannot be reached: two private coefficients of at most "
+            f"coefficient-cap {cap} each, leaving room for {k - 2} public ones"
+        )
     weights = torch.empty(n, k)
     todo = torch.arange(n)
-    while len(todo):
+    for _ in range(max_rounds):
+        if not len(todo):
+            return weights
         draw = sample_weights(len(todo), cap, generator, k=k)
         ok = draw[:, :2].sum(dim=1) >= private_min
         weights[todo[ok]] = draw[ok]
         todo = todo[~ok]
+    if len(todo):
+        raise ValueError(
+            f"private-mass-min {private_min} with coefficient-cap {cap} and mix-k {k}: fewer than 1 in "
+            f"{max_rounds} weight draws qualify; lower private-mass-min or mix-k"
+        )
     return weights
 
 
@@ -48,7 +70,7 @@ def instahide(
         public_sources = None
     else:
         if k < 3:
-            raise ValueError(f"cross-dataset InstaHide mixes 2 private and k-2 >= 1 public images; got k={k}")
+            raise ValueError(f"mix-k: cross-dataset InstaHide mixes 2 private and k-2 >= 1 public images; got {k}")
         if public.shape[1:] != x.shape[1:]:
             raise ValueError(f"public pool shape {tuple(public.shape[1:])} differs from private {tuple(x.shape[1:])}")
         private = mix_sources(n, 2, generator)

@@ -10,7 +10,7 @@ from .base import Encoded
 def sample_weights(n: int, alpha: float, generator: torch.Generator, k: int = 2, device=None) -> torch.Tensor:
     """Rows uniform on [0,1]^k, normalised to sum 1, resampled until max <= alpha (as InstaHide's code)."""
     if alpha * k < 1:
-        raise ValueError(f"coefficient cap {alpha} cannot hold for {k} weights summing to 1")
+        raise ValueError(f"coefficient cap {alpha} (alpha or coefficient-cap) cannot hold for {k} weights summing to 1")
     weights = torch.empty(n, k, dtype=torch.float64)
     todo = torch.arange(n)
     while len(todo):

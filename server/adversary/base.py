@@ -63,6 +63,7 @@ class GradientObservation:
     lr: float
     lo: torch.Tensor | None = None
     hi: torch.Tensor | None = None
+    weight_decay: float = 0.0  # the party's SGD weight decay (the server sent it in the run settings)
 
 
 class Attack(ABC):
