@@ -202,6 +202,35 @@ def test_attack_command_sweeps_parties_and_radius_modes_in_feature_space(feature
     assert "effective bound (min-max)" in (tmp_path / "tables.md").read_text()
 
 
+def test_attack_command_with_the_table4_preset_attacks_its_feature_space(tmp_path, monkeypatch):
+    """The README's feature-space command: the Table 4 preset's backbone, input size (64 px, the
+    cached features), partitioner and seed reach every sweep, one per radius mode in the order given,
+    over the ten parties' partitions and every decade of tau."""
+    from server.adversary import sweep
+
+    calls = []
+
+    def fake_sweep(settings, taus, attacks, victims, out_dir, device, mmse_rank, split, resize, parties=0):
+        calls.append((settings, taus, attacks, victims, device, split, parties))
+        md = Path(out_dir) / f"{settings.radius_mode}.md"
+        md.write_text(f"table {settings.radius_mode}\n")
+        return {"files": [str(md)]}
+
+    monkeypatch.setattr(sweep, "run_sweep", fake_sweep)
+    argv = ["attack", "--preset", "configs/table4-cifar10.yaml", "--parties", "10", "--victims", "1000",
+            "--taus", "1,1e-1,...,1e-6", "--radius-mode", "pixel-mapped,theorem", "--attacks", "linear,mmse",
+            "--device", "cpu", "--out", str(tmp_path)]
+    assert fedsmix_main(argv) == 0
+    assert [c[0].radius_mode for c in calls] == ["pixel-mapped", "theorem"]
+    for settings, taus, attacks, victims, device, split, parties in calls:
+        assert (settings.dataset, settings.backbone, settings.image_size) == ("cifar10", "efficientnet-lite0", 64)
+        assert (settings.partitioner, settings.dirichlet_alpha, settings.alpha) == ("dirichlet", 0.5, 0.7)
+        assert features.input_size(settings) == 64  # the size the cached features were extracted at
+        assert taus == [1.0, 0.1, 0.01, 1e-3, 1e-4, 1e-5, 1e-6]
+        assert (attacks, victims, device, parties) == (["linear", "mmse"], 1000, "cpu", 10)
+    assert (tmp_path / "tables.md").read_text() == "table pixel-mapped\n\ntable theorem\n"
+
+
 def test_serverapp_attacks_feature_uploads_in_feature_space(feature_overrides, runs_dir):
     """Two parties mix digits features at tau = 1; the server attacks the stored feature uploads with
     a prior and trivial guess from public features, and reports SNR in feature space."""
