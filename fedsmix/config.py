@@ -112,6 +112,7 @@ class Settings(BaseModel):
     unet_width: int = Field(16, ge=4)
     unet_epochs: int = Field(2, ge=1)
     unet_train_size: int = Field(2000, ge=32)
+    public_size: int = Field(0, ge=0, description="attacker's public samples: the first N of Tiny-ImageNet's; 0 = all")
     # outputs and hardware
     runs_dir: str = "runs"
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -44,14 +44,19 @@ class Backbone:
     default_size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    # every feature lies in [lo, hi] (None: unbounded): the pooled activation's own range
+    bounds: tuple[float, float | None] = (0.0, None)
 
 
 BACKBONES: dict[str, Backbone] = {
+    # average-pooled ReLU outputs: >= 0, no upper bound
     "resnet18": Backbone("resnet18", 512, 224, IMAGENET_MEAN, IMAGENET_STD),
     "resnet50": Backbone("resnet50", 2048, 224, IMAGENET_MEAN, IMAGENET_STD),
     # TF EfficientNet-Lite was trained on (x - 127) / 128: a linear probe on CIFAR-10 features
     # scores 77.5 % with it against 72.1 % with ImageNet's mean/std (2,000 train images, 96 px).
-    "efficientnet-lite0": Backbone("efficientnet-lite0", 1280, 224, (127 / 255,) * 3, (128 / 255,) * 3),
+    # Its head ends in ReLU6, so the pooled features lie in [0, 6] (CIFAR-10's cached 64 px train
+    # split: 60 % of the entries are exactly 0, 2 % exactly 6).
+    "efficientnet-lite0": Backbone("efficientnet-lite0", 1280, 224, (127 / 255,) * 3, (128 / 255,) * 3, (0.0, 6.0)),
 }
 
 
@@ -67,6 +72,13 @@ def feature_dim(settings: Settings) -> int:
 
 def input_size(settings: Settings) -> int:
     return settings.image_size or backbone_spec(settings).default_size
+
+
+def feature_range(settings: Settings) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(lo, hi) that every feature of this backbone respects: the valid box an attacker clamps to."""
+    lo, hi = backbone_spec(settings).bounds
+    as_tensor = (lambda v: None if v is None else torch.tensor(v, dtype=torch.float32))
+    return as_tensor(lo), as_tensor(hi)
 
 
 # ---------------------------------------------------------------------------------------- weights
@@ -318,10 +330,32 @@ def features_for(settings: Settings, split: str, rows: np.ndarray | None) -> tor
     return torch.from_numpy(np.ascontiguousarray(picked, dtype=np.float32))
 
 
+# ------------------------------------------------------------------------------------ public set
+PUBLIC_DATASET = "tiny-imagenet"  # the attacker's public images: disjoint from CIFAR-10 and MNIST
+
+
+def public_features(settings: Settings, size: int = 0) -> torch.Tensor:
+    """The attacker's public images (Tiny-ImageNet's training split, 8,000 images) through the parties'
+    backbone, input size and weights: public data in the space where the mixing happens.
+
+    The whole split is cached like any other, under `tiny-imagenet-train-<backbone>-<size>px-<sha>`.
+    `size` > 0 keeps its first rows (the split is already shuffled); without the full cache those
+    few are extracted alone, uncached (tests, quick looks), instead of extracting all 8,000.
+    """
+    public = settings.replace(dataset=PUBLIC_DATASET)
+    raw = datalib.load_split(PUBLIC_DATASET, "train", settings.data_dir, settings.download)
+    if not size or size >= len(raw):
+        return features_for(public, "train", None)
+    if cache_path(public, "train").is_file():
+        return features_for(public, "train", np.arange(size))
+    return extractor_for(public)(datalib.to_unit(raw.images[:size], raw.spec))
+
+
 # ---------------------------------------------------------------------------- pixel-mapped radius
-def party_pixels(settings: Settings, rows: np.ndarray) -> tuple[torch.Tensor, datalib.DatasetSpec]:
+def party_pixels(settings: Settings, rows: np.ndarray,
+                 split: str = "train") -> tuple[torch.Tensor, datalib.DatasetSpec]:
     """A party's own images, normalised as in pixel space (where D_pixels is measured)."""
-    raw = datalib.load_split(settings.dataset, "train", settings.data_dir, settings.download)
+    raw = datalib.load_split(settings.dataset, split, settings.data_dir, settings.download)
     return datalib.normalize(datalib.to_unit(raw.images[rows], raw.spec), raw.spec), raw.spec
 
 
@@ -332,7 +366,7 @@ def pixel_mapped_radius(settings: Settings, partition, generator: torch.Generato
     party's normalised pixels (its c), and the sum is clamped to the valid pixel range before the
     backbone f sees it. Measured on up to `samples` of the party's images.
     """
-    pixels, spec = party_pixels(settings, partition.rows)
+    pixels, spec = party_pixels(settings, partition.rows, partition.split)
     stats = data_statistics(pixels, generator)
     m_f = noise_multiplier(settings.tau, settings.alpha, stats.c)
     pick = torch.randperm(len(pixels), generator=generator)[: min(samples, len(pixels))]

@@ -41,17 +41,20 @@ def ssim(x01: torch.Tensor, x_hat01: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Score:
-    """Mean/std of each metric, and which victim was recovered best (worst case for privacy)."""
+    """Mean/std of each metric, and which victim was recovered best (worst case for privacy).
+
+    PSNR and SSIM are None for samples that are not images (feature vectors): they do not apply.
+    """
 
     snr_mean: float
     snr_std: float
-    psnr_mean: float
-    psnr_std: float
-    ssim_mean: float
-    ssim_std: float
+    psnr_mean: float | None
+    psnr_std: float | None
+    ssim_mean: float | None
+    ssim_std: float | None
     best_index: int
     best_snr: float
-    best_ssim: float
+    best_ssim: float | None
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -60,15 +63,19 @@ class Score:
 def score(x: torch.Tensor, x_hat: torch.Tensor, to_unit=None) -> tuple[Score, dict[str, torch.Tensor]]:
     """Score reconstructions; `to_unit` maps normalised tensors to [0, 1] images (None: not images)."""
     snr = snr_db(x, x_hat)
-    if to_unit is not None and x.dim() == 4:
+    images = to_unit is not None and x.dim() == 4
+    if images:
         a, b = to_unit(x).clamp(0, 1), to_unit(x_hat).clamp(0, 1)
         p, s = psnr_db(a, b), ssim(a, b)
-    else:
+    else:  # per-sample arrays stay aligned (NaN); the summary says "does not apply" (None)
         p = s = torch.full_like(snr, float("nan"))
     best = int(torch.argmax(snr))
     std = (lambda t: float(t.std()) if len(t) > 1 else 0.0)
+    mean = (lambda t: float(t.mean()) if images else None)
+    spread = (lambda t: std(t) if images else None)
     result = Score(
-        float(snr.mean()), std(snr), float(p.mean()), std(p), float(s.mean()), std(s), best, float(snr[best]), float(s[best])
+        float(snr.mean()), std(snr), mean(p), spread(p), mean(s), spread(s), best, float(snr[best]),
+        float(s[best]) if images else None,
     )
     return result, {"snr": snr, "psnr": p, "ssim": s}
 

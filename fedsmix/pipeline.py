@@ -32,6 +32,7 @@ class Partition:
     num_classes: int
     spec: datalib.DatasetSpec
     rows: np.ndarray  # rows of the training split (never uploaded)
+    split: str = "train"  # the split `rows` index (attack sweeps take victims from the test split)
 
     @property
     def sample_shape(self) -> tuple[int, ...]:

@@ -485,6 +485,10 @@ def cmd_features(args: argparse.Namespace) -> int:
         raise SettingsError("features: set a backbone (e.g. --set backbone=efficientnet-lite0)")
     for split in ("train", "test"):
         print(ensure_features(settings, split))
+    if settings.adversary:  # the attacker's public set, through the same backbone
+        from .features import PUBLIC_DATASET
+
+        print(ensure_features(settings.replace(dataset=PUBLIC_DATASET), "train"))
     return 0
 
 

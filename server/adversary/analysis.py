@@ -19,12 +19,14 @@ def trivial_guess(public_mean: torch.Tensor, n: int) -> torch.Tensor:
     return public_mean.unsqueeze(0).expand(n, *public_mean.shape).clone()
 
 
-def gain(attack: Score, blind: Score) -> dict[str, float]:
-    """What the upload taught the attacker: dB over the trivial guess for SNR/PSNR, difference for SSIM."""
+def gain(attack: Score, blind: Score) -> dict[str, float | None]:
+    """What the upload taught the attacker: dB over the trivial guess for SNR/PSNR, difference for SSIM
+    (None where a metric does not apply: PSNR/SSIM for feature vectors)."""
+    diff = (lambda a, b: None if a is None or b is None else a - b)
     return {
         "snr_db": attack.snr_mean - blind.snr_mean,
-        "psnr_db": attack.psnr_mean - blind.psnr_mean,
-        "ssim": attack.ssim_mean - blind.ssim_mean,
+        "psnr_db": diff(attack.psnr_mean, blind.psnr_mean),
+        "ssim": diff(attack.ssim_mean, blind.ssim_mean),
     }
 
 

@@ -1,7 +1,8 @@
 """Cases: what the server saw, plus what the threat model grants, as an `Observation`.
 
-Also the attacker's own knowledge: public images in the victims' space (for the U-Net, the
-Gaussian prior and the trivial guess) and the attacks themselves, built from the run settings.
+Also the attacker's own knowledge: public data in the victims' space, pixels or backbone
+features (for the U-Net, the Gaussian prior and the trivial guess), the valid box, and the
+attacks themselves, built from the run settings.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ NEEDS_PUBLIC = ("mmse", "unet")
 
 
 def observation(enc: Encoded, radius: float, spec: datalib.DatasetSpec | None, x_tilde: torch.Tensor | None = None,
-                **extras) -> Observation:
+                *, bounds: tuple[torch.Tensor | None, torch.Tensor | None] | None = None, **extras) -> Observation:
     """The strongest threat model of the paper: W (weights and pairing) and r known.
 
     x_tilde defaults to the encoder's output; the ServerApp passes the stored upload instead.
-    spec gives the valid pixel range; None for feature vectors (no box to clamp to).
+    The valid box is `bounds` when given (see `valid_bounds`), else the pixel range of `spec`,
+    else none.
     """
     x = enc.x if x_tilde is None else x_tilde
-    lo, hi = datalib.valid_range(spec) if spec is not None else (None, None)
+    if bounds is None:
+        bounds = datalib.valid_range(spec) if spec is not None else (None, None)
+    lo, hi = bounds
     return Observation(
         x_tilde=x.float(), n_private=int(enc.sources.max()) + 1, weights=enc.weights, sources=enc.sources,
         radius=float(radius), public_sources=enc.public_sources, lo=lo, hi=hi,
@@ -34,11 +38,26 @@ def observation(enc: Encoded, radius: float, spec: datalib.DatasetSpec | None, x
     )
 
 
-def public_samples(settings: Settings, spec: datalib.DatasetSpec) -> torch.Tensor | None:
-    """Tiny-ImageNet in the victims' shape and normalisation; None where mixing is in feature space."""
+def valid_bounds(settings: Settings, spec: datalib.DatasetSpec) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The box every private sample lies in where the mixing happens: normalised images of 0..1, or
+    the backbone's activation range for features (EfficientNet-Lite0: [0, 6]; ResNets: >= 0)."""
+    if settings.backbone == "none":
+        return datalib.valid_range(spec)
+    from fedsmix.features import feature_range
+
+    return feature_range(settings)
+
+
+def public_samples(settings: Settings, spec: datalib.DatasetSpec) -> torch.Tensor:
+    """The attacker's public data (Tiny-ImageNet) in the victims' space: pixels in their shape and
+    normalisation, or features of the same backbone, input size and weights. `public-size` > 0
+    keeps that many samples."""
     if settings.backbone != "none":
-        return None
-    return load_public_pool(settings, spec)
+        from fedsmix.features import public_features
+
+        return public_features(settings, settings.public_size)
+    pool = load_public_pool(settings, spec)
+    return pool[: settings.public_size] if settings.public_size else pool
 
 
 def build_attacks(names, settings: Settings, public: torch.Tensor | None, device: str, mmse_rank: int = 256,
@@ -51,14 +70,14 @@ def build_attacks(names, settings: Settings, public: torch.Tensor | None, device
     attacks, skipped = {}, {}
     for name in names:
         if name in NEEDS_PUBLIC and public is None:
-            skipped[name] = "needs public data in the mixing space (pixels); none for backbone features yet"
+            skipped[name] = "needs public data in the mixing space"
         elif name == "linear":
             attacks[name] = LinearAttack(steps=settings.attack_steps)
         elif name == "mmse":
             attacks[name] = MMSEAttack(GaussianPrior.fit(public, rank=mmse_rank))
         elif name == "unet":
             if not is_image(sample_shape or tuple(public.shape[1:])):
-                skipped[name] = f"needs image-shaped samples, got {sample_shape}"
+                skipped[name] = f"needs image-shaped samples (C, H, W), got {sample_shape}"
                 continue
             attacks[name] = UNetAttack(
                 public, encoder_params(settings, 0.0), width=settings.unet_width, epochs=settings.unet_epochs,

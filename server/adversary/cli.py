@@ -2,6 +2,8 @@
 
     python -m fedsmix attack --dataset mnist,cifar10 --victims 1000 --taus 1,1e-1,...,1e-6 \
         --attacks linear,mmse,unet
+    python -m fedsmix attack --preset configs/table4-cifar10.yaml --parties 10 --victims 1000 \
+        --radius-mode theorem,pixel-mapped --attacks linear,mmse      # in EfficientNet-Lite0 feature space
 """
 
 from __future__ import annotations
@@ -52,12 +54,22 @@ def cmd_attack(args: argparse.Namespace) -> int:
         if name not in ATTACKS:
             raise SettingsError(f"--attacks: unknown attack {name!r}; allowed: {', '.join(ATTACKS)}")
     taus = parse_taus(args.taus)
+    if args.parties < 0:
+        raise SettingsError(f"--parties: expected >= 0, got {args.parties}")
+    if args.parties and args.split:
+        raise SettingsError("--split: with --parties the victims are the parties' training rows; drop one of the two")
     overrides = _parse_sets(args.set)
     if args.preset:
         overrides["preset"] = args.preset
+    for key, value in (("backbone", args.backbone), ("image-size", args.image_size)):
+        if value is not None:
+            overrides[key] = value
+    modes = [m.strip() for m in (args.radius_mode or "").split(",") if m.strip()] or [None]
     datasets = [d.strip() for d in args.dataset.split(",") if d.strip()]
-    settings = {d: load_settings({**overrides, "dataset": d}) for d in datasets}  # fail before any work
-    first = settings[datasets[0]]
+    runs = [  # (dataset, radius mode) pairs; every one validated before any work
+        load_settings({**overrides, "dataset": d, **({"radius-mode": m} if m else {})}) for d in datasets for m in modes
+    ]
+    first = runs[0]
     device = select_device(args.device or first.device)
     if device == "cuda":
         import torch
@@ -70,8 +82,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"fedsmix attack: writing to {out} (device {device})", flush=True)
     tables = []
-    for dataset in datasets:
-        result = run_sweep(settings[dataset], taus, attacks, args.victims, out, device, args.mmse_rank, args.split, args.resize)
+    for settings in runs:
+        result = run_sweep(settings, taus, attacks, args.victims, out, device, args.mmse_rank, args.split or "test",
+                           args.resize, parties=args.parties)
         tables.append(Path(result["files"][0]).read_text())
     (out / "tables.md").write_text("\n".join(tables))
     print("\n" + "\n".join(tables), flush=True)
@@ -82,15 +95,22 @@ def cmd_attack(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("attack", help="tau sweep of the reconstruction attacks (paper Tables 1-2), tables and figures")
     p.add_argument("--dataset", default="cifar10", help="one or more, comma-separated (e.g. mnist,cifar10)")
-    p.add_argument("--victims", type=int, default=1000, help="first N images of --split")
-    p.add_argument("--split", default="test", choices=("test", "train"))
+    p.add_argument("--victims", type=int, default=1000, help="first N images of --split, or N spread over --parties")
+    p.add_argument("--split", default=None, choices=("test", "train"), help="the first N victims' split (default test)")
+    p.add_argument("--parties", type=int, default=0,
+                   help="P > 0: attack the P parties' own partitions (partitioner, seed), N / P victims each")
     p.add_argument("--taus", default="1,1e-1,...,1e-6")
     p.add_argument("--attacks", default="linear,mmse,unet", help=f"comma-separated, from {', '.join(ATTACKS[:3])}")
+    p.add_argument("--backbone", default=None,
+                   help="mix, attack and score in this backbone's feature space (e.g. efficientnet-lite0)")
+    p.add_argument("--image-size", type=int, default=None, help="the backbone's input size in px (0: its default)")
+    p.add_argument("--radius-mode", default=None,
+                   help="theorem, pixel-mapped or fixed; comma-separated for one sweep per mode")
     p.add_argument("--resize", type=int, default=0, help="upsample victims and public images to N px first (paper: 224)")
     p.add_argument("--mmse-rank", type=int, default=256, help="rank of the MMSE prior's covariance (plus a diagonal)")
     p.add_argument("--device", default="", help="auto, cpu or cuda (default: the settings' device)")
     p.add_argument("--preset", default="")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="run setting, e.g. unet-epochs=5, attack-steps=200, alpha=0.7, seed=0")
+                   help="run setting, e.g. unet-epochs=5, attack-steps=200, alpha=0.7, seed=0, public-size=2000")
     p.add_argument("--out", default="", help="output folder (default runs/attacks/<time>-<datasets>)")
     p.set_defaults(func=cmd_attack)

@@ -21,7 +21,7 @@ from fedsmix.runs import atomic_write_bytes
 from fedsmix.seeding import generator
 
 from .analysis import leakage, theorem41_samples, theorem41_summary
-from .cases import build_attacks, observation, public_samples
+from .cases import build_attacks, observation, public_samples, valid_bounds
 from .figures import recovery_grid, stretched, unit_images
 from .oracle import ReplayMismatch, replay_party, stored_upload
 from .tables import markdown, pm, signed, write_csv
@@ -42,9 +42,10 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
     out_dir = Path(ctx.run_dir) / "adversary"
     pixels = s.backbone == "none"
     spec = datalib.spec(s.dataset)
-    to_unit = (lambda t: datalib.denormalize(t, spec)) if pixels else None
-    public = public_samples(s, spec)
-    public_mean = public.mean(dim=0) if public is not None else None
+    to_unit = (lambda t: datalib.denormalize(t, spec)) if pixels else None  # features are scored by SNR only
+    public = public_samples(s, spec)  # pixels, or features of the parties' backbone
+    public_mean = public.mean(dim=0)
+    bounds = valid_bounds(s, spec)
 
     refused, replays = {}, {}
     corrupted = set(store.verify())
@@ -70,8 +71,8 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
     per_party, pooled = {}, defaultdict(list)
     for party, (rep, uploaded) in sorted(replays.items()):
         obs = observation(
-            rep.encoded, rep.calibration.radius, spec if pixels else None,
-            x_tilde=torch.from_numpy(np.asarray(uploaded, dtype=np.float32)), party=party, tau=s.tau,
+            rep.encoded, rep.calibration.radius, None, x_tilde=torch.from_numpy(np.asarray(uploaded, dtype=np.float32)),
+            bounds=bounds, party=party, tau=s.tau,
         ).to(ctx.device)
         victims = pick_victims(obs.n_private, s.attack_victims, s.seed, party)
         estimates, seconds = {}, {}
@@ -106,6 +107,7 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
 
     result = {
         "attacks": list(s.adversary),
+        "space": mixing_space(s),
         "threat-models": {name: attack.threat_model for name, attack in attacks.items()},
         "victims-per-party": s.attack_victims,
         "parties": per_party,
@@ -132,22 +134,32 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
     return result
 
 
+def mixing_space(s) -> str:
+    """Where the uploads live, hence where the attacks run and are scored."""
+    if s.backbone == "none":
+        return "pixels"
+    from fedsmix.features import feature_dim, input_size
+
+    return f"features ({s.backbone}, {input_size(s)} px, {feature_dim(s)}-d)"
+
+
 def summary_rows(summary: dict) -> list[dict]:
     rows = []
     trivial = summary.get("trivial")
+    na = (lambda value, text: "n/a" if value is None else text)  # PSNR/SSIM of feature vectors
     for name, entry in summary["attacks"].items():
         sc, gain = entry["score"], entry.get("gain", {})
         t41 = summary.get("theorem41", {}).get(name)
         rows.append({
             "attack": name,
             "snr": pm(sc["snr_mean"], sc["snr_std"]),
-            "psnr": pm(sc["psnr_mean"], sc["psnr_std"]),
-            "ssim": pm(sc["ssim_mean"], sc["ssim_std"], 3),
+            "psnr": na(sc["psnr_mean"], pm(sc["psnr_mean"], sc["psnr_std"])),
+            "ssim": na(sc["ssim_mean"], pm(sc["ssim_mean"], sc["ssim_std"], 3)),
             "best": f"{sc['best_snr']:.2f}",
             "trivial": pm(trivial["snr_mean"]) if trivial else "-",
             "gain": signed(gain.get("snr_db")),
-            "gain_psnr": signed(gain.get("psnr_db")),
-            "gain_ssim": signed(gain.get("ssim"), 3),
+            "gain_psnr": na(sc["psnr_mean"], signed(gain.get("psnr_db"))),
+            "gain_ssim": na(sc["ssim_mean"], signed(gain.get("ssim"), 3)),
             "t41": "-" if t41 is None else f"{t41['bound-median']:.3g} / {t41['error-median']:.3g}",
         })
     return rows
@@ -161,7 +173,7 @@ def write_report(out_dir: Path, s, summary: dict, x, mixed, estimates: dict, per
         ("t41", "Thm 4.1 r²T / error (median)"),
     ]
     rows = summary_rows(summary)
-    title = f"{s.dataset}, tau = {s.tau:g}, {summary['victims']} victims"
+    title = f"{s.dataset}, tau = {s.tau:g} ({s.radius_mode}), {summary['victims']} victims, in {mixing_space(s)}"
     atomic_write_bytes(out_dir / "summary.md", f"# Attacks on the uploads: {title}\n\n{markdown(rows, columns)}".encode())
     files = [str(out_dir / "summary.md"), str(write_csv(out_dir / "summary.csv", rows))]
     if to_unit is not None and x.dim() == 4 and estimates:

@@ -1,15 +1,18 @@
 """The paper's security tables from one command: sweep tau over a fixed victim set.
 
-The victims (the first `victims` images of a split) are encoded as one party would encode
-them, at every tau, from one seed: pairing, weights and noise directions stay the same and only
-the radius r = m_f(tau) D grows. Every attack runs on every encoding; each score sits beside the
-trivial guess's and Theorem 4.1's bound, and the paper's own numbers where it reports them.
+The victims (the first `victims` images of a split, or `victims` / P rows of each of P parties'
+training partitions) are encoded as their party would encode them, at every tau, from one seed:
+pairing, weights and noise directions stay the same and only the radius grows. Every attack runs
+on every encoding, in the space where the mixing happens (pixels, or a backbone's features); each
+score sits beside the trivial guess's and Theorem 4.1's bound, and the paper's own numbers where
+it reports them (pixels only).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,13 +24,14 @@ from fedsmix import data as datalib
 from fedsmix.config import Settings, SettingsError
 from fedsmix.encoders import calibrate, data_statistics
 from fedsmix.metrics import score
-from fedsmix.pipeline import Partition, calibrate_party, encode_partition, to_space
+from fedsmix.pipeline import Partition, calibrate_party, encode_partition, load_partition, to_space
 from fedsmix.runs import atomic_write_bytes, atomic_write_json
 from fedsmix.seeding import generator
 
-from .analysis import leakage, theorem41
-from .cases import build_attacks, observation, public_samples
+from .analysis import leakage, theorem41_samples, theorem41_summary
+from .cases import build_attacks, observation, public_samples, valid_bounds
 from .figures import recovery_grid, stretched, unit_images
+from .runner import mixing_space, pick_victims
 from .tables import markdown, pm, signed, write_csv
 
 PAPER_TAUS = (1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
@@ -58,62 +62,124 @@ def victim_partition(settings: Settings, victims: int, split: str = "test", resi
     rows = np.arange(min(victims, len(raw)))
     labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
     if not resize:
-        return Partition(0, to_space(settings, raw, split, rows), labels, raw.spec.num_classes, raw.spec, rows)
+        return Partition(0, to_space(settings, raw, split, rows), labels, raw.spec.num_classes, raw.spec, rows, split)
     if settings.backbone != "none":
         raise SettingsError("--resize: only for pixels (no backbone); a backbone has its own input size")
     unit = F.interpolate(datalib.to_unit(raw.images[rows], raw.spec), size=(resize, resize), mode="bilinear",
                          antialias=True, align_corners=False).clamp(0, 1)
     spec = replace(raw.spec, image_size=resize)
-    return Partition(0, datalib.normalize(unit, spec), labels, spec.num_classes, spec, rows)
+    return Partition(0, datalib.normalize(unit, spec), labels, spec.num_classes, spec, rows, split)
+
+
+def victim_cases(settings: Settings, victims: int, split: str = "test", resize: int = 0,
+                 parties: int = 0) -> list[tuple[Partition, torch.Tensor]]:
+    """Who gets encoded, and which of its rows are scored.
+
+    parties = 0: one party holding the first `victims` images of `split`, all scored.
+    parties = P: the run's own P training partitions (partitioner, seed), each encoded whole as that
+    party would, and `victims` / P of each party's rows scored: the rows the ServerApp's adversary
+    picks with attack-victims = victims / P.
+    """
+    if not parties:
+        part = victim_partition(settings, victims, split, resize)
+        return [(part, torch.arange(len(part.x)))]
+    if resize:
+        raise SettingsError("--resize: only for the first images of a split, not with --parties")
+    if victims < parties:
+        raise SettingsError(f"--victims: {victims} victims cannot be spread over {parties} parties")
+    cases = []
+    for party in range(parties):
+        part = load_partition(settings, party, parties)
+        count = victims // parties + (party < victims % parties)
+        cases.append((part, pick_victims(len(part.x), count, settings.seed, party)))
+    return cases
+
+
+def sweep_label(settings: Settings, parties: int = 0) -> str:
+    """The file stem of one sweep: data set, and where it differs from pixels/theorem/one party."""
+    parts = [settings.dataset]
+    if settings.backbone != "none":
+        from fedsmix.features import input_size
+
+        parts += [settings.backbone, f"{input_size(settings)}px"]
+    if settings.radius_mode != "theorem":
+        parts.append(settings.radius_mode)
+    if parties:
+        parts.append(f"{parties}parties")
+    return "-".join(parts)
 
 
 def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, device: str = "cpu",
-              mmse_rank: int = 256, split: str = "test", resize: int = 0, log=print) -> dict:
-    """One data set: every tau, every attack; writes <dataset>-sweep.{json,md,csv} and figures."""
+              mmse_rank: int = 256, split: str = "test", resize: int = 0, log=print, parties: int = 0) -> dict:
+    """One data set and radius mode: every tau, every attack; writes <label>-sweep.{json,md,csv} and figures.
+
+    Where a backbone is set, victims, public data, attacks and scores all live in its feature space
+    (SNR only: PSNR and SSIM do not apply to feature vectors).
+    """
     out_dir = Path(out_dir)
     pixels = settings.backbone == "none"
-    part = victim_partition(settings, victims, split, resize)
-    spec = part.spec
+    label = sweep_label(settings, parties)
+    cases = victim_cases(settings, victims, split, resize, parties)
+    spec = cases[0][0].spec
+    sample_shape = cases[0][0].sample_shape
     to_unit = (lambda t: datalib.denormalize(t, spec)) if pixels else None
-    x_eval = part.x.to(device)  # scoring (SSIM at 224 px) runs where the attacks ran
+    bounds = valid_bounds(settings, spec)
     public = public_samples(settings, spec)
-    public_mean = public.mean(dim=0) if public is not None else None
+    public_mean = public.mean(dim=0)
     t_build = time.perf_counter()
-    built, skipped = build_attacks(attacks, settings, public, device, mmse_rank, sample_shape=part.sample_shape)
-    log(f"[{settings.dataset}] {len(part.x)} victims {tuple(part.sample_shape)}; attacks {list(built)} "
-        f"(prior/setup {time.perf_counter() - t_build:.1f}s); skipped {skipped or 'none'}")
+    built, skipped = build_attacks(attacks, settings, public, device, mmse_rank, sample_shape=sample_shape)
+    del public  # the prior and the U-Net keep what they need
+    n_victims = sum(len(rows) for _, rows in cases)
+    log(f"[{label}] {n_victims} victims {tuple(sample_shape)} from {len(cases)} partition(s); "
+        f"attacks {list(built)} (prior/setup {time.perf_counter() - t_build:.1f}s); skipped {skipped or 'none'}")
     result = {
-        "dataset": settings.dataset, "victims": len(part.x), "split": split, "sample-shape": list(part.sample_shape),
-        "resize": resize,
+        "dataset": settings.dataset, "label": label, "victims": n_victims, "split": "train" if parties else split,
+        "parties": parties, "sample-shape": list(sample_shape), "space": mixing_space(settings), "resize": resize,
+        "radius-mode": settings.radius_mode, "bounds": [None if b is None else b.flatten().tolist() for b in bounds],
         "attacks": list(built), "skipped": skipped, "device": device, "mmse-rank": mmse_rank,
         "settings": json.loads(settings.to_json()), "taus": [],
     }
     panels: dict[str, dict[str, list]] = {name: {"original": [], "mixed": [], "recovered": []} for name in built}
     best: dict[str, int] = {}
-    stats = data_statistics(part.x, generator(settings.seed, part.party, "calibrate"))  # as calibrate_party does
+    # V and D do not depend on tau: estimate them once per party (a minute at 224 px), as calibrate_party would
+    stats = [data_statistics(part.x, generator(settings.seed, part.party, "calibrate")) for part, _ in cases]
     for tau in sorted(taus, reverse=True):  # the figure shows the victim recovered best at the largest tau
         st = settings.replace(tau=tau)
-        # V and D do not depend on tau: estimate them once (a minute at 224 px), as calibrate_party would
-        calibration = calibrate(stats, tau, st.alpha) if st.radius_mode == "theorem" else calibrate_party(st, part)
-        enc, _ = encode_partition(st, part, calibration)
-        obs = observation(enc, calibration.radius, spec if pixels else None, tau=tau).to(device)
-        estimates, seconds, training = {}, {}, {}
-        for name, attack in built.items():
+        calibrations = [calibrate(stat, tau, st.alpha) if st.radius_mode == "theorem" else calibrate_party(st, part)
+                        for stat, (part, _) in zip(stats, cases)]
+        seconds, training = dict.fromkeys(built, 0.0), {}
+        if "unet" in built:  # one U-Net per tau, at the parties' median radius (as the ServerApp's adversary)
             started = time.perf_counter()
-            if name == "unet":
-                attack.fit(calibration.radius)
-                training = attack.report
-            estimates[name] = attack.reconstruct(obs)
-            seconds[name] = time.perf_counter() - started
+            built["unet"].fit(float(np.median([c.radius for c in calibrations])))
+            training, seconds["unet"] = built["unet"].report, time.perf_counter() - started
+        pooled, t41 = defaultdict(list), defaultdict(list)
+        for (part, rows), calibration in zip(cases, calibrations):
+            enc, _ = encode_partition(st, part, calibration)
+            obs = observation(enc, calibration.radius, None, bounds=bounds, tau=tau).to(device)
+            picked = rows.to(device)
+            for name, attack in built.items():
+                started = time.perf_counter()
+                pooled[name].append(attack.reconstruct(obs)[picked])
+                seconds[name] += time.perf_counter() - started
+                if name in KNOWN_W:
+                    t41[name].append(theorem41_samples(part.x[rows], pooled[name][-1].cpu(), enc.weights,
+                                                       enc.sources[:, 1], calibration.radius, rows))
+            pooled["x"].append(part.x[rows])
+            pooled["mixed"].append(enc.x[rows])
+            del enc, obs
+        x = torch.cat(pooled.pop("x"))
+        mixed_x = torch.cat(pooled.pop("mixed"))
+        estimates = {name: torch.cat(pooled[name]) for name in built}
+        x_eval = x.to(device)  # scoring (SSIM at 224 px) runs where the attacks ran
         report, per_image = leakage(x_eval, estimates, public_mean, to_unit)
-        mixed, _ = score(x_eval, obs.x_tilde, to_unit)
+        mixed, _ = score(x_eval, mixed_x.to(device), to_unit)
         record = {
-            "tau": tau, "radius": calibration.radius, "m_f": calibration.m_f, "snr-bound": calibration.snr_bound,
+            "tau": tau, **calibration_summary(calibrations, [part.party for part, _ in cases]),
             **report, "mixed": mixed.as_dict(), "seconds": seconds,
-            "theorem41": {n: theorem41(part.x, estimates[n], enc.weights, enc.sources[:, 1], calibration.radius)
-                          for n in KNOWN_W if n in estimates},
-            "paper": {"linear": paper_value(PAPER_LINEAR, settings.dataset, tau),
-                      "unet": paper_value(PAPER_UNET, settings.dataset, tau)},
+            "theorem41": {n: theorem41_summary({k: torch.cat([t[k] for t in parts]) for k in ("bound", "error", "signal")})
+                          for n, parts in t41.items()},
+            "paper": {"linear": paper_value(PAPER_LINEAR, settings.dataset, tau) if pixels else None,
+                      "unet": paper_value(PAPER_UNET, settings.dataset, tau) if pixels else None},
         }
         if training:
             record["unet-training"] = training
@@ -121,24 +187,41 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
         for name in built:
             best.setdefault(name, int(torch.argmax(per_image[name]["snr"])))
             i = best[name]
-            panels[name]["original"].append(part.x[i])
-            panels[name]["mixed"].append(enc.x[i])
+            panels[name]["original"].append(x[i])
+            panels[name]["mixed"].append(mixed_x[i])
             panels[name]["recovered"].append(estimates[name][i].cpu())
-        log(f"[{settings.dataset}] tau={tau:g} r={calibration.radius:.4g} "
+        log(f"[{label}] tau={tau:g} r={record['radius']:.4g} bound={record['snr-bound']:.3g} "
             + " ".join(f"{n}={e['score']['snr_mean']:.2f}dB({seconds[n]:.0f}s)" for n, e in report["attacks"].items())
             + (f" trivial={report['trivial']['snr_mean']:.2f}dB" if "trivial" in report else ""))
-        atomic_write_json(out_dir / f"{settings.dataset}-sweep.json", result)  # partial results survive a timeout
-        del estimates, obs
+        atomic_write_json(out_dir / f"{label}-sweep.json", result)  # partial results survive a timeout
+        del estimates, pooled
     result["files"] = write_sweep_tables(out_dir, result) + write_sweep_figures(out_dir, result, panels, best, to_unit)
-    atomic_write_json(out_dir / f"{settings.dataset}-sweep.json", result)
+    atomic_write_json(out_dir / f"{label}-sweep.json", result)
     return result
+
+
+def calibration_summary(calibrations: list, parties: list[int]) -> dict:
+    """r, m_f and the effective bound: the party's own, or the mean and range over parties."""
+    radius = np.array([c.radius for c in calibrations])
+    m_f = np.array([c.m_f for c in calibrations])
+    bound = np.array([c.snr_bound for c in calibrations])
+    out = {"radius": float(radius.mean()), "m_f": float(m_f.mean()), "snr-bound": float(bound.mean())}
+    if len(calibrations) > 1:
+        out["radius-range"] = [float(radius.min()), float(radius.max())]
+        out["snr-bound-range"] = [float(bound.min()), float(bound.max())]
+        out["per-party"] = [{"party": p, **c.as_dict()} for p, c in zip(parties, calibrations)]
+    return out
 
 
 def csv_rows(result: dict) -> list[dict]:
     rows = []
     for rec in result["taus"]:
-        row = {"dataset": result["dataset"], "victims": result["victims"], "tau": rec["tau"], "radius": rec["radius"],
-               "m_f": rec["m_f"], "mixed_snr_mean": rec["mixed"]["snr_mean"]}
+        row = {"dataset": result["dataset"], "space": result["space"], "radius_mode": result["radius-mode"],
+               "parties": result["parties"], "victims": result["victims"], "tau": rec["tau"], "radius": rec["radius"],
+               "m_f": rec["m_f"], "snr_bound": rec["snr-bound"], "mixed_snr_mean": rec["mixed"]["snr_mean"]}
+        if "snr-bound-range" in rec:
+            row.update({"snr_bound_min": rec["snr-bound-range"][0], "snr_bound_max": rec["snr-bound-range"][1],
+                        "radius_min": rec["radius-range"][0], "radius_max": rec["radius-range"][1]})
         if "trivial" in rec:
             row.update({f"trivial_{k}": v for k, v in rec["trivial"].items() if not k.startswith("best")})
         for name, entry in rec["attacks"].items():
@@ -154,9 +237,15 @@ def csv_rows(result: dict) -> list[dict]:
 
 def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
     names = result["attacks"]
-    columns = [("tau", "tau"), ("radius", "r")]
+    pixels = result["space"] == "pixels"
+    ranges = bool(result["taus"]) and "snr-bound-range" in result["taus"][0]
+    columns = [("tau", "tau"), ("radius", "r (mean over parties)" if ranges else "r")]
+    if result["radius-mode"] != "theorem":
+        columns += [("bound", "effective bound" + (" (min-max)" if ranges else ""))]
+    if not pixels:
+        columns += [("mixed", "upload as guess")]
     if "linear" in names:
-        columns += [("paper_linear", "paper linear"), ("linear", "linear (paper attack)")]
+        columns += ([("paper_linear", "paper linear")] if pixels else []) + [("linear", "linear (paper attack)")]
     if "mmse" in names:
         columns += [("mmse", "MMSE")]
     if "unet" in names:
@@ -166,7 +255,10 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
         columns += [("t41", "Thm 4.1: r²T / linear error (median)")]
     rows = []
     for rec in result["taus"]:
+        low, high = rec.get("snr-bound-range", (rec["snr-bound"],) * 2)
         row = {"tau": f"{rec['tau']:g}", "radius": f"{rec['radius']:.3g}",
+               "bound": f"{rec['snr-bound']:.3g}" if low == high else f"{low:.3g}-{high:.3g}",
+               "mixed": pm(rec["mixed"]["snr_mean"], rec["mixed"]["snr_std"]),
                "paper_linear": pm(rec["paper"]["linear"]), "paper_unet": pm(rec["paper"]["unet"]),
                "trivial": pm(rec["trivial"]["snr_mean"], rec["trivial"]["snr_std"]) if "trivial" in rec else "-"}
         for name, entry in rec["attacks"].items():
@@ -181,11 +273,20 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
 
 def write_sweep_tables(out_dir: Path, result: dict) -> list[str]:
     rows, columns = markdown_rows(result)
-    title = (f"## {result['dataset']}: {result['victims']} {result['split']} images, SNR dB (mean ± std); "
-             "gains over the trivial guess (public mean image) in dB\n\n")
-    md = out_dir / f"{result['dataset']}-sweep.md"
+    label = result["label"]
+    where = (f"{result['victims']} {result['split']} images" if not result["parties"]
+             else f"{result['victims']} victims from {result['parties']} parties' training partitions")
+    space = result["space"]
+    if space == "pixels":
+        title = (f"## {result['dataset']}: {where}, SNR dB (mean ± std); "
+                 "gains over the trivial guess (public mean image) in dB\n\n")
+    else:
+        title = (f"## {result['dataset']} in {space}, radius mode {result['radius-mode']}: {where}, SNR dB in feature "
+                 "space (mean ± std); gains over the trivial guess (public mean feature) in dB; PSNR/SSIM n/a "
+                 "(feature vectors)\n\n")
+    md = out_dir / f"{label}-sweep.md"
     atomic_write_bytes(md, (title + markdown(rows, columns)).encode())
-    return [str(md), str(write_csv(out_dir / f"{result['dataset']}-sweep.csv", csv_rows(result)))]
+    return [str(md), str(write_csv(out_dir / f"{label}-sweep.csv", csv_rows(result)))]
 
 
 def write_sweep_figures(out_dir: Path, result: dict, panels: dict, best: dict, to_unit) -> list[str]:
@@ -200,5 +301,5 @@ def write_sweep_figures(out_dir: Path, result: dict, panels: dict, best: dict, t
             "recovered": unit_images(torch.stack(rows["recovered"]), to_unit),
         }
         title = f"{result['dataset']}: {name} attack, victim {best[name]} (best recovered at τ={result['taus'][0]['tau']:g})"
-        files.append(str(recovery_grid(out_dir / f"{result['dataset']}-{name}.png", columns, images, title)))
+        files.append(str(recovery_grid(out_dir / f"{result['label']}-{name}.png", columns, images, title)))
     return files
