@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 
 from common import DATA_DIR, write
@@ -44,11 +45,14 @@ def profile(x: torch.Tensor, alpha: float, radius: float) -> dict[str, float]:
     n, gen = len(x), generator(0, "bench", "profile")
     rows = max(1, sm.BLOCK_VALUES // x[0].numel())
     blocks = (n + rows - 1) // rows
-    noise, partner = torch.empty_like(x), torch.empty_like(x)
+    partner = torch.empty_like(x)
     perm = torch.randperm(n, generator=gen)
+    scratch = threading.local()  # as the encoder does: one cache-sized noise block per thread
 
     def sphere(block):
-        sm.fill_sphere(noise[block * rows : (block + 1) * rows], radius, torch.Generator().manual_seed(block))
+        if getattr(scratch, "block", None) is None:
+            scratch.block = torch.empty((rows,) + tuple(x.shape[1:]))
+        sm.fill_sphere(scratch.block, radius, torch.Generator().manual_seed(block))
 
     def gather(block):
         lo, hi = block * rows, min((block + 1) * rows, n)

@@ -47,7 +47,7 @@ def test_derangement_has_no_fixed_points_and_uniform_may():
 
 def test_encoding_is_algorithm_1(data_dir):
     x, y = mnist_slice(data_dir)
-    enc = singularized_mixup(x, y, alpha=0.7, radius=123.0, generator=gen())
+    enc = singularized_mixup(x, y, alpha=0.7, radius=123.0, generator=gen(), keep_noise=True)
     norms = enc.noise.reshape(len(x), -1).norm(dim=1)
     assert torch.allclose(norms, torch.full_like(norms, 123.0), rtol=1e-4)
     w1, w2 = enc.weights[:, 0].view(-1, 1, 1, 1), enc.weights[:, 1].view(-1, 1, 1, 1)
@@ -56,11 +56,13 @@ def test_encoding_is_algorithm_1(data_dir):
     expected_y = enc.weights[:, :1] * y + enc.weights[:, 1:] * y[partner]
     assert torch.allclose(enc.y, expected_y, atol=1e-6)
     assert torch.allclose(enc.y.sum(dim=1), torch.ones(len(y)), atol=1e-6)
+    lean = singularized_mixup(x, y, alpha=0.7, radius=123.0, generator=gen())  # what a party uploads
+    assert lean.noise is None and torch.equal(lean.x, enc.x)  # same encoding without keeping e
 
 
 def test_works_on_feature_vectors():
     x = torch.randn(50, 1280)
-    enc = singularized_mixup(x, data.one_hot(torch.arange(50) % 10, 10), 0.7, 5.0, gen())
+    enc = singularized_mixup(x, data.one_hot(torch.arange(50) % 10, 10), 0.7, 5.0, gen(), keep_noise=True)
     assert enc.x.shape == (50, 1280)
     assert torch.allclose(enc.noise.norm(dim=1), torch.full((50,), 5.0), rtol=1e-4)
 

@@ -133,9 +133,11 @@ def test_theorem_mode_noise_norm_is_mf_times_D_in_feature_space(digits_features)
     assert cal.D == pytest.approx(_all_pairs_distance(part.x), rel=0.02)  # D measured on features, not pixels
     expected_mf = math.sqrt((0.7**2 / (1e-2 * 0.3**2) - 1) / (2 * cal.c))
     assert cal.m_f == pytest.approx(expected_mf, rel=1e-9)
-    assert enc.noise.shape == part.x.shape
-    norms = enc.noise.double().norm(dim=1)
-    assert torch.allclose(norms, torch.full_like(norms, cal.m_f * cal.D), rtol=1e-5)
+    w1, w2 = enc.weights[:, :1].double(), enc.weights[:, 1:].double()
+    noise = (enc.x.double() - w1 * part.x.double()) / w2 - part.x[enc.sources[:, 1]].double()  # e_i, off the upload
+    assert noise.shape == part.x.shape
+    norms = noise.norm(dim=1)
+    assert torch.allclose(norms, torch.full_like(norms, cal.m_f * cal.D), rtol=1e-4)
 
 
 def test_pixel_mapped_radius_is_the_measured_feature_displacement(digits_features):

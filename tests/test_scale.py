@@ -176,11 +176,12 @@ def test_encoding_does_not_depend_on_the_thread_count():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        serial = singularized_mixup(x, y, 0.7, 5.0, generator(0, "threads"))
+        serial = singularized_mixup(x, y, 0.7, 5.0, generator(0, "threads"), keep_noise=True)
         torch.set_num_threads(4)
-        pooled = singularized_mixup(x, y, 0.7, 5.0, generator(0, "threads"))
+        pooled = singularized_mixup(x, y, 0.7, 5.0, generator(0, "threads"), keep_noise=True)
+        lean = singularized_mixup(x, y, 0.7, 5.0, generator(0, "threads"))  # per-thread scratch noise
         assert torch.get_num_threads() == 4  # restored after the pool
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(serial.x, pooled.x) and torch.equal(serial.noise, pooled.noise)
+    assert torch.equal(serial.x, pooled.x) and torch.equal(serial.noise, pooled.noise) and torch.equal(lean.x, pooled.x)
     assert torch.allclose(pooled.noise.flatten(1).norm(dim=1), torch.full((3000,), 5.0), rtol=1e-4)

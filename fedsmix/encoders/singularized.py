@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -60,13 +61,16 @@ def singularized_mixup(
     radius: float,
     generator: torch.Generator,
     derangement: bool = True,
+    keep_noise: bool = False,
 ) -> Encoded:
     """Encode a whole partition at once. x: (n, ...) any shape; y: (n, classes) one-hot or soft.
 
     Whole-tensor arithmetic would pass over memory once per operation; instead rows are encoded
     in cache-sized blocks (noise, partner gather, mix, in place), spread over a thread pool.
     Each block draws its noise from its own generator, seeded from `generator`, so the result
-    depends on the seed alone, not on the number of threads.
+    depends on the seed alone, not on the number of threads. The noise lives in a per-thread
+    scratch block unless `keep_noise` (tests, analysis) asks for all of it: a party never needs
+    it again, and a second partition-sized tensor would cost as much as the encoding itself.
     """
     n = len(x)
     perm = sample_permutation(n, generator, derangement)
@@ -74,13 +78,22 @@ def singularized_mixup(
     rows = max(1, BLOCK_VALUES // max(1, x[0].numel()))
     seeds = torch.randint(0, 2**63 - 1, ((n + rows - 1) // rows,), generator=generator).tolist()
     x = x.contiguous()
-    noise, x_enc = torch.empty_like(x), torch.empty_like(x)
+    x_enc = torch.empty_like(x)
+    noise = torch.empty_like(x) if keep_noise else None
+    scratch = threading.local()
     view = (n,) + (1,) * (x.dim() - 1)
     w1, w2 = w[:, 0].to(x.dtype).view(view), w[:, 1].to(x.dtype).view(view)
 
+    def noise_block(lo: int, hi: int) -> torch.Tensor:
+        if noise is not None:
+            return noise[lo:hi]
+        if getattr(scratch, "block", None) is None:
+            scratch.block = torch.empty((rows,) + tuple(x.shape[1:]), dtype=x.dtype)
+        return scratch.block[: hi - lo]
+
     def encode_block(block: int) -> None:
         lo, hi = block * rows, min((block + 1) * rows, n)
-        e = fill_sphere(noise[lo:hi], radius, torch.Generator().manual_seed(seeds[block]))
+        e = fill_sphere(noise_block(lo, hi), radius, torch.Generator().manual_seed(seeds[block]))
         out = torch.index_select(x, 0, perm[lo:hi], out=x_enc[lo:hi])  # the partner x_pi(i)
         out.add_(e).mul_(w2[lo:hi]).addcmul_(x[lo:hi], w1[lo:hi])  # w1 x_i + w2 (x_pi(i) + e_i)
 
