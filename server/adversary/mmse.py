@@ -134,6 +134,15 @@ class MMSEAttack(Attack):
         """E||x_i - x_hat_i||^2 under the model, per sample (before clamping)."""
         return self.posterior(observation, want_mean=False)[1]
 
+    def _setup(self, obs: Observation) -> tuple[torch.Tensor, int, int, GaussianPrior, torch.Tensor]:
+        """The permutation, sizes, the prior on the upload's device and the weights in float64."""
+        perm = permutation_of(obs, self.name)
+        n, d = obs.n_private, int(np.prod(obs.sample_shape))
+        if d != self.prior.dim:
+            raise ValueError(f"{self.name}: prior has {self.prior.dim} dimensions, the samples {d} ({obs.sample_shape})")
+        device = obs.x_tilde.device
+        return perm, n, d, self.prior.to(device), obs.weights.to(device=device, dtype=torch.float64)
+
     @torch.no_grad()
     def posterior_mean(self, obs: Observation) -> torch.Tensor:
         """E[x_i | upload] for every sample (before clamping): `posterior`'s mean in O(L (k + d)) per cycle.
@@ -143,13 +152,8 @@ class MMSEAttack(Attack):
         c_hat = g W^T (g W W^T + N)^-1 o: the k basis directions one by one, then the isotropic rest
         (all d coordinates of the residual at once). W need not be invertible.
         """
-        perm = permutation_of(obs, self.name)
-        n, d = obs.n_private, int(np.prod(obs.sample_shape))
-        if d != self.prior.dim:
-            raise ValueError(f"{self.name}: prior has {self.prior.dim} dimensions, the samples {d} ({obs.sample_shape})")
+        perm, n, d, prior, w = self._setup(obs)
         device = obs.x_tilde.device
-        prior = self.prior.to(device)
-        w = obs.weights.to(device=device, dtype=torch.float64)
         y0 = obs.x_tilde.reshape(n, d).to(torch.float64) - w.sum(dim=1, keepdim=True) * prior.mean
         inside = (y0 @ prior.basis).cpu().numpy()  # (n, k): coordinates along the prior's basis
         outside = (y0 - (y0 @ prior.basis) @ prior.basis.T).cpu().numpy()  # (n, d): the isotropic rest
@@ -170,13 +174,8 @@ class MMSEAttack(Attack):
 
     @torch.no_grad()
     def posterior(self, obs: Observation, want_mean: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
-        perm = permutation_of(obs, self.name)
-        n, d = obs.n_private, int(np.prod(obs.sample_shape))
-        if d != self.prior.dim:
-            raise ValueError(f"{self.name}: prior has {self.prior.dim} dimensions, the samples {d} ({obs.sample_shape})")
+        perm, n, d, prior, w = self._setup(obs)
         device = obs.x_tilde.device
-        prior = self.prior.to(device)
-        w = obs.weights.to(device=device, dtype=torch.float64)
         noise_var = w[:, 1] ** 2 * (float(obs.radius) ** 2 / d)
         gamma, gamma_perp, k = prior.variances, prior.residual, prior.rank
         y0 = None
