@@ -44,12 +44,12 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
     pending = [name for name in settings.strategies if name not in done]
     try:
         if any(name != "centralized" for name in pending):
-            results["node-party"] = {str(node): party for node, party in sorted(ctx.introduce().items())}
-        results["num-parties"] = len(list(grid.get_node_ids()))  # after introduce() waited for them
+            ctx.introduce()
     except RunAborted as err:  # too few nodes connected: every strategy would fail the same way
         for name in pending:
             results["strategies"][name] = {"error": str(err)}
         failures, pending = [str(err)], []
+    record_parties(results, ctx)
     for name in pending:
         ctx.reset_traffic()
         try:
@@ -61,15 +61,20 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
             results["strategies"][name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
             failures.append(f"{name}: {type(err).__name__}: {err}")
         name_parties(results, ctx.learn_parties())
+        record_parties(results, ctx)
         results_io.write(run_dir, results)  # after every strategy: nothing finished is lost
-    results["num-parties"] = max(results.get("num-parties", 0), len(list(grid.get_node_ids())))  # late registrations
-    results["node-party"] = {str(node): party for node, party in sorted(ctx.node_party.items())}
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results_io.write(run_dir, results)
     results_io.render(results)
     if failures:
         raise RunAborted("; ".join(failures) + f" (partial results in {run_dir / 'results.json'})")
     return results
+
+
+def record_parties(results: dict, ctx: RunContext) -> None:
+    """Connected nodes (SuperNodes may register late: the most seen) and the node -> party map so far."""
+    results["num-parties"] = max(results.get("num-parties", 0), len(list(ctx.grid.get_node_ids())))
+    results["node-party"] = {str(node): party for node, party in sorted(ctx.node_party.items())}
 
 
 def name_parties(results: dict, node_party: dict[int, int]) -> None:

@@ -28,24 +28,30 @@ class CountingGrid:
         return getattr(self._grid, name)
 
     def push_messages(self, messages):
-        messages = list(messages)
-        for msg in messages:
-            self.to_node[msg.metadata.dst_node_id] += message_nbytes(msg)
-        return self._grid.push_messages(messages)
+        messages = self._count_out(messages)
+        ids = list(self._grid.push_messages(messages))
+        for message_id, msg in zip(ids, messages):  # SuperLink-made error replies name only these ids
+            self.destinations[message_id] = msg.metadata.dst_node_id
+        return ids
 
     def pull_messages(self, message_ids):
-        replies = list(self._grid.pull_messages(message_ids))
-        for reply in replies:
-            self.from_node[reply.metadata.src_node_id] += message_nbytes(reply)
-        return replies
+        return self._count_in(self._grid.pull_messages(message_ids))
 
     def send_and_receive(self, messages, *, timeout=None):
+        messages = self._count_out(messages)
+        replies = self._grid.send_and_receive(messages, timeout=timeout)
+        for msg in messages:  # ids exist once pushed; SuperLink-made error replies name only these
+            self.destinations[msg.metadata.message_id] = msg.metadata.dst_node_id
+        return self._count_in(replies)
+
+    def _count_out(self, messages) -> list:
         messages = list(messages)
         for msg in messages:
             self.to_node[msg.metadata.dst_node_id] += message_nbytes(msg)
-        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
-        for msg in messages:  # ids exist once pushed; SuperLink-made error replies name only these
-            self.destinations[msg.metadata.message_id] = msg.metadata.dst_node_id
+        return messages
+
+    def _count_in(self, replies) -> list:
+        replies = list(replies)
         for reply in replies:
             self.from_node[reply.metadata.src_node_id] += message_nbytes(reply)
         return replies

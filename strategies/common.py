@@ -13,53 +13,46 @@ def settings_config(ctx: RunContext, **extra) -> ConfigRecord:
     return ConfigRecord({"settings": ctx.settings.to_json(), **extra})
 
 
-def split_replies(
-    replies: list[Message],
-    expected_nodes: list[int],
-    timeout: float,
-    node_party: dict[int, int] | None = None,
-    destinations: dict[str, int] | None = None,
-) -> tuple[list[Message], list[dict]]:
+def split_replies(ctx: RunContext, replies: list[Message], expected_nodes: list[int]) -> tuple[list[Message], list[dict]]:
     """Replies with content, and one record per node that raised or never answered (with the time).
 
-    `node_party` (node id -> party, learnt from earlier replies) names the party when known;
-    `destinations` (message id -> node) names the node the SuperLink answers for (see `source_node`).
+    Each good reply's party (its metrics name it) is recorded in `ctx.node_party` for the reports.
     """
-    node_party = {} if node_party is None else node_party
     ok, dropped, answered = [], [], set()
     for reply in replies:
-        node = source_node(reply, expected_nodes, destinations)
+        node = source_node(ctx, reply, expected_nodes)
         answered.add(node)
         if reply.has_error():
-            dropped.append(dropped_record(node, reply.error.reason, node_party))
+            dropped.append(dropped_record(ctx, node, reply.error.reason))
         else:
+            ctx.node_party[node] = int(reply.content["metrics"]["party"])
             ok.append(reply)
-    for node in expected_nodes:
-        if node not in answered:
-            dropped.append(dropped_record(node, f"no reply within {timeout:g}s (timeout)", node_party))
-    return ok, dropped
+    return ok, dropped + unanswered(ctx, expected_nodes, answered)
 
 
-def source_node(reply: Message, expected_nodes, destinations: dict[str, int] | None) -> int:
+def source_node(ctx: RunContext, reply: Message, expected_nodes) -> int:
     """The node a reply speaks for. When a SuperNode stops sending heartbeats, the SuperLink answers
     for it with an error whose sender is the SuperLink itself: the message it replies to names the node."""
     node = reply.metadata.src_node_id
-    if node not in expected_nodes and destinations:
-        node = destinations.get(reply.metadata.reply_to_message_id, node)
+    if node not in expected_nodes:
+        node = ctx.traffic.destinations.get(reply.metadata.reply_to_message_id, node)
     return node
 
 
-def dropped_record(node: int, reason: str, node_party: dict[int, int]) -> dict:
+def unanswered(ctx: RunContext, expected_nodes, answered: set[int]) -> list[dict]:
+    """A timeout record for every expected node that never answered."""
+    reason = f"no reply within {ctx.settings.reply_timeout:g}s (timeout)"
+    return [dropped_record(ctx, node, reason) for node in expected_nodes if node not in answered]
+
+
+def dropped_record(ctx: RunContext, node: int, reason: str) -> dict:
+    """Who dropped out (the party when a reply has named it), why, and when."""
     return {
         "node": node,
-        "party": node_party.get(node),
+        "party": ctx.node_party.get(node),
         "reason": _short(reason),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
-
-def node_error(ctx: RunContext, node: int, reason: str) -> dict:
-    return dropped_record(node, reason, ctx.node_party)
 
 
 def require_parties(ctx: RunContext, valid: int, what: str, **details) -> None:

@@ -25,7 +25,6 @@ class ReportingFedProx(FedProx):
         self.ctx = ctx
         self.sampled: dict[int, list[int]] = {}
         self.dropped: list[dict] = []
-        self.node_party = ctx.node_party  # shared with the other strategies of the run
         self.parties_used: set[int] = set()
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
@@ -40,17 +39,15 @@ class ReportingFedProx(FedProx):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        sampled, timeout = self.sampled.get(server_round, []), self.ctx.settings.reply_timeout
-        ok, dropped = split_replies(replies, sampled, timeout, self.node_party, self.ctx.traffic.destinations)
+        ok, dropped = split_replies(self.ctx, replies, self.sampled.get(server_round, []))
         self.dropped.extend({**record, "round": server_round} for record in dropped)
         for reply in ok:
-            self.node_party[reply.metadata.src_node_id] = int(reply.content["metrics"]["party"])
             self.parties_used.add(int(reply.content["metrics"]["party"]))
         # replies arrive in whatever order the parties finish; summing in party order makes the
         # aggregate (floating-point addition is not associative) the same in every run
         ok.sort(key=lambda reply: int(reply.content["metrics"]["party"]))
         if len(ok) < self.min_train_nodes:
-            lost = "; ".join(f"party {self.node_party.get(d['node'])} (node {d['node']}) at {d['time']}: {d['reason']}" for d in dropped)
+            lost = "; ".join(f"party {d['party']} (node {d['node']}) at {d['time']}: {d['reason']}" for d in dropped)
             raise RunAborted(
                 f"round {server_round}: only {len(ok)} parties replied; min-parties is {self.min_train_nodes}"
                 + (f"; dropped {lost}" if lost else ""),

@@ -23,11 +23,10 @@ def run(ctx: RunContext) -> dict:
         Message(RecordDict({"arrays": initial, "config": config}), dst_node_id=node, message_type=MessageType.TRAIN)
         for node in nodes
     ]
-    ok, dropped = split_replies(ctx.send_and_receive(messages), nodes, s.reply_timeout, ctx.node_party, ctx.traffic.destinations)
+    ok, dropped = split_replies(ctx, ctx.send_and_receive(messages), nodes)
     accuracy, on_cuda = {}, 0
     for reply in ok:
         party = int(reply.content["metrics"]["party"])
-        ctx.node_party[reply.metadata.src_node_id] = party
         on_cuda += int(reply.content["metrics"].get("on-cuda", 0))
         model.load_state_dict(reply.content["arrays"].to_torch_state_dict())
         accuracy[party] = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]

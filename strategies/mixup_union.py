@@ -22,7 +22,7 @@ from fedsmix.training import CheckpointMismatch, state_digest
 from server.context import RunContext
 from server.store import UploadStore
 from server.validation import Expectation, UploadRejected, validate_upload
-from strategies.common import bytes_summary, node_error, require_parties, settings_config, source_node
+from strategies.common import bytes_summary, dropped_record, require_parties, settings_config, source_node, unanswered
 
 
 def expectation(ctx: RunContext) -> Expectation:
@@ -44,10 +44,10 @@ def collect_uploads(ctx: RunContext, replies, store: UploadStore, nodes: list[in
     expect, parties, rejected, dropped = expectation(ctx), {}, [], []
     stored, seen, answered = set(store.parties()), set(store.parties()), set()
     for reply in replies:
-        node = source_node(reply, nodes, ctx.traffic.destinations)
+        node = source_node(ctx, reply, nodes)
         answered.add(node)
         if reply.has_error():
-            dropped.append(node_error(ctx, node, reply.error.reason))
+            dropped.append(dropped_record(ctx, node, reply.error.reason))
             continue
         metrics = reply.content.get("metrics")
         if metrics is not None and "stored" in metrics and "upload" not in reply.content:
@@ -70,9 +70,7 @@ def collect_uploads(ctx: RunContext, replies, store: UploadStore, nodes: list[in
         store.save(upload.party, upload.x, upload.y, upload.metrics)
         parties[upload.party] = {**upload.metrics, "node": node, "upload-bytes": upload.nbytes}
         del upload
-    for node in nodes:
-        if node not in answered:
-            dropped.append(node_error(ctx, node, f"no reply within {ctx.settings.reply_timeout:g}s (timeout)"))
+    dropped += unanswered(ctx, nodes, answered)
     for party in stored - set(parties):  # stored, but its node did not answer this time: still used
         parties[party] = {**store.manifest[str(party)]["metrics"], "from-store": True}
     return parties, rejected, dropped

@@ -164,3 +164,23 @@ def test_hello_and_stored_stub_replies_carry_only_the_party(task_identity):
     assert set(stub.content.keys()) == {"metrics"} and dict(stub.content["metrics"]) == {"party": 1, "stored": 1}
     fresh = ask("query.encode", {"settings": settings, "stored-parties": "0,2"})
     assert set(fresh.content.keys()) == {"upload", "metrics"}  # not stored: it encodes and uploads
+
+
+def test_pushed_messages_name_their_node_for_the_superlinks_stand_in_replies(task_identity):
+    """Streamed uploads go through push_messages: a reply the SuperLink makes for a dead node names only
+    the message id, so the counting grid must remember each pushed id's destination."""
+    from collections import defaultdict
+
+    from server.traffic import CountingGrid
+
+    class PushOnly:
+        def push_messages(self, messages):
+            return [f"id-{msg.metadata.dst_node_id}" for msg in messages]
+
+    config = ConfigRecord({"settings": "{}"})
+    messages = [Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.encode") for node in (11, 12)]
+    to_node, from_node, destinations = defaultdict(int), defaultdict(int), {}
+    ids = CountingGrid(PushOnly(), to_node, from_node, destinations).push_messages(messages)
+    assert ids == ["id-11", "id-12"]
+    assert destinations == {"id-11": 11, "id-12": 12}
+    assert to_node[11] > 0 and to_node[12] > 0
