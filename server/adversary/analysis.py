@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from fedsmix.metrics import Score, score, theorem41_T
+from fedsmix.metrics import Score, score, theorem41_bound
 
 
 def trivial_guess(public_mean: torch.Tensor, n: int) -> torch.Tensor:
@@ -63,7 +63,7 @@ def theorem41_samples(x: torch.Tensor, x_hat: torch.Tensor, weights: torch.Tenso
     T_i needs the whole permutation (its cycles), so weights/perm cover the party and `rows`
     picks the samples that x and x_hat hold.
     """
-    bound = radius**2 * theorem41_T(weights.cpu(), perm.cpu())
+    bound = theorem41_bound(weights.cpu(), perm.cpu(), radius)
     if rows is not None:
         bound = bound[rows.cpu()]
     flat, flat_hat = x.cpu().double().reshape(len(x), -1), x_hat.cpu().double().reshape(len(x), -1)

@@ -20,7 +20,7 @@ class Observation:
     public: the public pool (InstaHide cross-dataset), public_sources its indices per slot.
     n_private: how many private samples the attack must estimate.
     lo, hi: per-channel bounds of valid normalised values (broadcastable to a sample), or None.
-    extras: anything else the case records (party, tau, sign_masked, ...).
+    extras: anything else the case records (party, tau, masked: InstaHide's sign masks, ...).
     What the attacker brings itself (public images, a Gaussian prior fitted on them) belongs to
     the attack, not to the observation: see mmse.GaussianPrior and unet.UNetAttack.
     """

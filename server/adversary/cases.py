@@ -34,7 +34,7 @@ def observation(enc: Encoded, radius: float, spec: datalib.DatasetSpec | None, x
     return Observation(
         x_tilde=x.float(), n_private=int(enc.sources.max()) + 1, weights=enc.weights, sources=enc.sources,
         radius=float(radius), public_sources=enc.public_sources, lo=lo, hi=hi,
-        extras={"sign_masked": enc.signs is not None, **extras},
+        extras={"masked": enc.signs is not None, **extras},
     )
 
 

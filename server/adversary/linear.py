@@ -19,22 +19,6 @@ def is_image(shape: tuple[int, ...]) -> bool:
     return len(shape) == 3 and shape[-1] > 1 and shape[-2] > 1
 
 
-def known_public_part(obs: Observation) -> torch.Tensor | None:
-    """The public images' contribution to each encoding, which an attacker who knows W subtracts."""
-    if obs.sources is None or not bool((obs.sources < 0).any()):
-        return None
-    if obs.public is None or obs.public_sources is None:
-        raise ValueError("observation: public slots (-1 in sources) need `public` and `public_sources`")
-    view = (len(obs.x_tilde),) + (1,) * (obs.x_tilde.dim() - 1)
-    out = torch.zeros_like(obs.x_tilde)
-    for j in range(obs.sources.shape[1]):
-        public = obs.sources[:, j] < 0
-        if public.any():
-            w = torch.where(public, obs.weights[:, j], torch.zeros_like(obs.weights[:, j])).to(out.dtype)
-            out += w.view(view) * obs.public[obs.public_sources[:, j].clamp_min(0)].to(out)
-    return out
-
-
 def check_known_mixing(obs: Observation, attack: str) -> None:
     if obs.weights is None or obs.sources is None:
         raise ValueError(f"{attack}: the threat model needs the mixing matrix (observation.weights and .sources)")
@@ -43,8 +27,10 @@ def check_known_mixing(obs: Observation, attack: str) -> None:
             f"{attack}: weights {tuple(obs.weights.shape)} and sources {tuple(obs.sources.shape)} must both be "
             f"(encodings, k) with {len(obs.x_tilde)} encodings"
         )
-    if obs.extras.get("sign_masked"):
+    if obs.extras.get("masked"):
         raise ValueError(f"{attack}: sign-masked encodings (InstaHide) are not linear in the private samples")
+    if bool((obs.sources < 0).any()):
+        raise ValueError(f"{attack}: encodings with public images need their known part removed (see abs_solve)")
 
 
 class LinearAttack(Attack):
@@ -58,20 +44,14 @@ class LinearAttack(Attack):
         lambda_tv: float = 1e-3,
         lambda_2: float = 1e-4,
         chunk: int = 1024,
-        init: str = "zeros",
     ):
-        if init not in ("zeros", "mixed"):
-            raise ValueError(f"init: expected 'zeros' or 'mixed', got {init!r}")
-        self.steps, self.lr, self.lambda_tv, self.lambda_2, self.chunk, self.init = steps, lr, lambda_tv, lambda_2, chunk, init
+        self.steps, self.lr, self.lambda_tv, self.lambda_2, self.chunk = steps, lr, lambda_tv, lambda_2, chunk
 
     def reconstruct(self, observation: Observation) -> torch.Tensor:
         obs = observation
         check_known_mixing(obs, self.name)
         target = obs.x_tilde.float()
-        public = known_public_part(obs)
-        if public is not None:
-            target = target - public
-        x_hat = self._initial(obs, target)
+        x_hat = torch.nn.Parameter(torch.zeros((obs.n_private, *obs.sample_shape), dtype=target.dtype, device=target.device))
         optimizer = torch.optim.Adam([x_hat], lr=self.lr)
         lo, hi = _bound(obs.lo, x_hat), _bound(obs.hi, x_hat)
         for _ in range(self.steps):
@@ -81,15 +61,6 @@ class LinearAttack(Attack):
                 if lo is not None or hi is not None:
                     x_hat.clamp_(lo, hi)
         return x_hat.detach()
-
-    def _initial(self, obs: Observation, target: torch.Tensor) -> torch.nn.Parameter:
-        shape = (obs.n_private, *obs.sample_shape)
-        x0 = torch.zeros(shape, dtype=target.dtype, device=target.device)
-        if self.init == "mixed":  # each sample starts from the encoding it leads (column 0)
-            first = obs.sources[:, 0]
-            keep = first >= 0
-            x0[first[keep]] = target[keep]
-        return torch.nn.Parameter(x0)
 
     def loss(self, x_hat: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
         """The objective itself (autograd-friendly, unchunked): what `gradient` differentiates."""

@@ -31,7 +31,7 @@ from fedsmix.seeding import generator
 from .analysis import leakage, theorem41_samples, theorem41_summary
 from .cases import build_attacks, observation, public_samples, valid_bounds
 from .figures import recovery_grid, stretched, unit_images
-from .runner import mixing_space, pick_victims
+from .runner import KNOWN_W, mixing_space, pick_victims
 from .tables import markdown, pm, signed, write_csv
 
 PAPER_TAUS = (1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
@@ -43,7 +43,6 @@ PAPER_LINEAR = {
     "tiny-imagenet": (1.24, -4.60, -6.42, -6.94, -7.09, -7.14, -7.15),
 }
 PAPER_UNET = {"cifar10": (7.76, 7.27, 5.44, 2.84, -0.13, -0.13, -0.14)}
-KNOWN_W = ("linear", "mmse")
 
 
 def paper_value(table: dict, dataset: str, tau: float) -> float | None:

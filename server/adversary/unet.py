@@ -43,15 +43,12 @@ class UNetAttack(Attack):
         lambda_tv: float = 1e-4,
         seed: int = 0,
         device: str = "cpu",
-        lo: torch.Tensor | None = None,
-        hi: torch.Tensor | None = None,
     ):
         if not is_image(tuple(public.shape[1:])):
             raise ValueError(f"unet: needs image-shaped samples (C, H, W); got {tuple(public.shape[1:])}")
         self.public, self.encoder = public, encoder
         self.width, self.epochs, self.train_size = width, epochs, min(train_size, len(public))
         self.batch_size, self.lr, self.lambda_tv, self.seed, self.device = batch_size, lr, lambda_tv, seed, device
-        self.lo, self.hi = lo, hi
         self.model: UNet | None = None
         self.radius: float | None = None
         self.report: dict = {}
@@ -107,7 +104,7 @@ class UNetAttack(Attack):
             obs.sources[:, 0].cpu(), torch.arange(obs.n_private)
         )):
             raise ValueError("unet: needs one encoding per private sample, led by that sample (sources[:, 0] = 0..n-1)")
-        return self.predict(obs.x_tilde, obs.lo if obs.lo is not None else self.lo, obs.hi if obs.hi is not None else self.hi)
+        return self.predict(obs.x_tilde, obs.lo, obs.hi)
 
     @torch.no_grad()
     def predict(self, x_tilde: torch.Tensor, lo=None, hi=None) -> torch.Tensor:

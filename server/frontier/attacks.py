@@ -22,13 +22,10 @@ from server.adversary.mmse import GaussianPrior, MMSEAttack
 
 
 @lru_cache(maxsize=4)
-def _public_prior(dataset: str, data_dir: str, backbone: str) -> GaussianPrior:
-    """The MMSE attacker's Gaussian prior, fitted once per data set on the public pool."""
-    settings = Settings(dataset=dataset, data_dir=data_dir, backbone=backbone)
-    public = public_samples(settings, datalib.spec(dataset))
-    if public is None:
-        raise ValueError("mmse: no public samples in this mixing space")
-    return GaussianPrior.fit(public)
+def _public_prior(settings: Settings) -> GaussianPrior:
+    """The MMSE attacker's Gaussian prior, fitted once per run settings on the public pool (the
+    same samples, size and mixing space as the trivial guess and the in-run adversary use)."""
+    return GaussianPrior.fit(public_samples(settings, datalib.spec(settings.dataset)))
 
 
 #: attacks on an upload (an `Observation`), built from the run's settings
@@ -36,7 +33,7 @@ MIXING_ATTACKS: dict[str, Callable[[Settings], Attack]] = {
     "abs-solve": lambda s: AbsSolve(iters=s.attack_steps),
     "averaging": lambda s: Averaging(),
     "linear": lambda s: LinearAttack(steps=s.attack_steps),
-    "mmse": lambda s: MMSEAttack(_public_prior(s.dataset, s.data_dir, s.backbone)),
+    "mmse": lambda s: MMSEAttack(_public_prior(s)),
 }
 
 #: encoder (upload strategies) or strategy (federated, local) -> applicable attacks

@@ -21,6 +21,7 @@ from fedsmix.pipeline import Partition, encode_partition, load_partition, load_p
 from fedsmix.seeding import generator
 from fedsmix.training import train
 from server.adversary import GradientObservation, Observation
+from server.adversary.cases import public_samples
 
 
 @dataclass
@@ -53,8 +54,8 @@ def bounds(settings: Settings, part: Partition) -> tuple[torch.Tensor | None, to
 
 
 def public_mean(settings: Settings, part: Partition) -> torch.Tensor:
-    """The trivial guess: the public pool's mean sample, in the party's normalisation."""
-    return load_public_pool(settings, part.spec).mean(dim=0)
+    """The trivial guess: the public pool's mean sample, in the party's mixing space."""
+    return public_samples(settings, part.spec).mean(dim=0)
 
 
 def upload_observation(settings: Settings, part: Partition, prior: torch.Tensor) -> tuple[Observation, Encoded]:
