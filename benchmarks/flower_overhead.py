@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from pathlib import Path
 
@@ -21,7 +20,8 @@ from common import DATA_DIR, PROJECT, TreeMemorySampler, write
 
 from fedsmix.config import load_settings
 from fedsmix.device import select_device
-from fedsmix.launch import flower_env, flwr_run, superlink_pids
+from fedsmix.federation import DEFAULT_FEDERATION
+from fedsmix.launch import flower_env, free_port, flwr_run, superlink_pids
 from fedsmix.pipeline import mixup_union_in_process
 
 RUNS = PROJECT / "benchmarks" / "runs"
@@ -49,10 +49,10 @@ def in_process(overrides: dict, parties: int) -> dict:
 
 
 def through_flower(overrides: dict, parties: int) -> dict:
-    ports = tuple(random.sample(range(40000, 50000), 2))
+    ports = (free_port(), free_port())
     home = PROJECT / "benchmarks" / ".flwr"
     env = flower_env(home, ports)
-    federation = {"client-resources-num-cpus": 1, "client-resources-num-gpus": 0.0, "init-args-num-cpus": 2}
+    federation = DEFAULT_FEDERATION
     t0 = time.perf_counter()
     with TreeMemorySampler(extra_roots=lambda: superlink_pids(env)) as memory:
         run = flwr_run(overrides, parties, federation, flwr_home=home, ports=ports, echo=False)

@@ -12,25 +12,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 
 from common import DATA_DIR, PROJECT, TreeMemorySampler, write
 
-from fedsmix.launch import flower_env, flwr_run, superlink_pids
+from fedsmix.federation import DEFAULT_FEDERATION
+from fedsmix.launch import flower_env, free_port, flwr_run, superlink_pids
 
 RUNS = PROJECT / "benchmarks" / "runs"
 
 
 def measure(parties: int, epochs: int) -> dict:
-    ports = tuple(random.sample(range(40000, 50000), 2))
+    ports = (free_port(), free_port())
     home = PROJECT / "benchmarks" / ".flwr"
     env = flower_env(home, ports)
     overrides = {
         "preset": "configs/cifar10.yaml", "strategies": "mixup-union", "epochs": epochs,
         "data-dir": DATA_DIR, "runs-dir": str(RUNS), "run-name": f"memory-{parties}",
     }
-    federation = {"client-resources-num-cpus": 1, "client-resources-num-gpus": 0.0, "init-args-num-cpus": 2}
+    federation = DEFAULT_FEDERATION
     t0 = time.perf_counter()
     with TreeMemorySampler(interval=0.5, extra_roots=lambda: superlink_pids(env)) as sampler:
         run = flwr_run(overrides, parties, federation, flwr_home=home, ports=ports, echo=False)

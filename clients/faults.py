@@ -13,24 +13,11 @@ import time
 import numpy as np
 
 from fedsmix.config import FAULT_CORRUPTIONS as CORRUPTIONS
-from fedsmix.config import FAULT_FAILURES as FAILURES
+from fedsmix.config import parse_faults as parse
 
 
 class InjectedFault(RuntimeError):
     pass
-
-
-def parse(spec: str) -> dict[str, set[int]]:
-    faults: dict[str, set[int]] = {}
-    for part in filter(None, (p.strip() for p in spec.split(";"))):
-        kind, _, parties = part.partition(":")
-        if kind not in FAILURES + CORRUPTIONS:
-            raise ValueError(f"fault: unknown kind {kind!r} in {spec!r}; allowed: {', '.join(FAILURES + CORRUPTIONS)}")
-        try:
-            faults.setdefault(kind, set()).update(int(p) for p in parties.split(",") if p.strip())
-        except ValueError:
-            raise ValueError(f"fault: party ids must be integers in {spec!r}") from None
-    return faults
 
 
 def maybe_fail(spec: str, party: int, phase: str, timeout: float) -> None:

@@ -45,6 +45,20 @@ def _csv(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def parse_faults(spec: str) -> dict[str, set[int]]:
+    """'kind:ids;kind:ids' -> {kind: ids}: known kinds, integer ids (party ids; an epoch for interrupt)."""
+    allowed = FAULT_FAILURES + FAULT_CORRUPTIONS
+    faults: dict[str, set[int]] = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        kind, _, ids = (s.strip() for s in part.partition(":"))
+        if kind not in allowed:
+            raise ValueError(f"unknown fault kind {kind!r} in {spec!r}; allowed: {', '.join(allowed)}")
+        if not all(i.strip().isdigit() for i in ids.split(",")):
+            raise ValueError(f"fault {part!r}: expected {kind}:<id>[,<id>...] with integer ids")
+        faults.setdefault(kind, set()).update(int(i) for i in ids.split(","))
+    return faults
+
+
 class Settings(BaseModel):
     """Everything one run needs. Immutable; sent to parties as JSON."""
 
@@ -135,14 +149,7 @@ class Settings(BaseModel):
     @field_validator("fault")
     @classmethod
     def _known_faults(cls, value: str) -> str:
-        """'kind:ids;kind:ids' with known kinds and integer ids (party ids; an epoch for interrupt)."""
-        allowed = FAULT_FAILURES + FAULT_CORRUPTIONS
-        for part in filter(None, (p.strip() for p in value.split(";"))):
-            kind, _, ids = part.partition(":")
-            if kind.strip() not in allowed:
-                raise ValueError(f"unknown fault kind {kind.strip()!r} in {value!r}; allowed: {', '.join(allowed)}")
-            if not all(i.strip().isdigit() for i in ids.split(",")):
-                raise ValueError(f"fault {part!r}: expected {kind.strip()}:<id>[,<id>...] with integer ids")
+        parse_faults(value)
         return value
 
     @field_validator("adversary")

@@ -20,6 +20,9 @@ from typing import Any
 
 from .config import SettingsError, read_preset_block
 
+# one CPU per party on a 2-core machine; a preset's `federation:` block or the caller overrides
+DEFAULT_FEDERATION = {"client-resources-num-cpus": 1, "client-resources-num-gpus": 0.0, "init-args-num-cpus": 2}
+
 # Flower 1.42 SimulationConfig fields (dashed, as on the command line) and their protobuf types
 FLOWER_KEYS: dict[str, type] = {
     "num-supernodes": int,

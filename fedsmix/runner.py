@@ -173,9 +173,12 @@ def run_cell(overrides: dict[str, Any], parties: int, engine: str, runs_dir: Pat
     try:
         if engine == "flwr":
             from .cli import _absolute_paths
+            from .federation import environment, federation_config, flower_part
             from .launch import flwr_run, free_port
 
-            outcome = flwr_run(_absolute_paths(overrides), parties, ports=(free_port(), free_port()), flwr_home=runs_dir / ".flwr")
+            federation = federation_config(overrides.get("preset", ""))  # as `fedsmix run` passes it
+            outcome = flwr_run(_absolute_paths(overrides), parties, flower_part(federation), ports=(free_port(), free_port()),
+                               flwr_home=runs_dir / ".flwr", environment=environment(federation))
             if not outcome.ok:
                 error = f"flwr run {outcome.run_id}: {outcome.status} (exit {outcome.returncode})"
         elif engine == "direct":

@@ -11,13 +11,10 @@ from flwr.simulation import run_simulation
 
 from clients.app import app as client_app
 from fedsmix.config import load_settings
+from fedsmix.federation import DEFAULT_FEDERATION
 from fedsmix.federation import backend_config as federation_backend
 from fedsmix.federation import federation_config
 from server.app import make_app
-
-
-# one CPU per party, the machine's two cores; a preset's `federation:` block or the caller overrides
-DEFAULT_FEDERATION = {"client-resources-num-cpus": 1, "client-resources-num-gpus": 0.0, "init-args-num-cpus": 2}
 
 
 def simulate(overrides: dict, num_parties: int, backend_config: dict | None = None, federation: dict | None = None) -> dict:
