@@ -10,7 +10,7 @@ export FLWR_HOME ?= $(CURDIR)/.flwr
 export RAY_TMPDIR ?= /tmp/ray
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: run test test-fast smoke clean-runs
+.PHONY: run test test-fast lint clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,10 +22,15 @@ run: $(STAMP)
 	$(PY) -m fedsmix run --preset $(PRESET) --parties $(PARTIES)
 
 test: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -m "not slow and not sim" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 clean-runs:
 	rm -rf runs .flwr

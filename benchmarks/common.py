@@ -44,7 +44,12 @@ def machine() -> dict:
 def write(name: str, data: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    data = {"benchmark": name, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(), **data}
+    data = {
+        "benchmark": name,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        **data,
+    }
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     print(f"wrote {path.relative_to(PROJECT)}")
     return path
@@ -162,7 +167,11 @@ class TreeMemorySampler:
             self.most_processes = max(self.most_processes, sum(1 for v in rss_by_pid.values() if v))
             self.samples += 1
             if rss > self.peak_rss:
-                rows = [(r, _pss_kib(pid), self.commands.get(pid, ""), _rss_kinds_kib(pid)) for pid, r in rss_by_pid.items() if r]
+                rows = [
+                    (r, _pss_kib(pid), self.commands.get(pid, ""), _rss_kinds_kib(pid))
+                    for pid, r in rss_by_pid.items()
+                    if r
+                ]
                 self.peak_rss, self.peak_pss = rss, sum(r[1] for r in rows)
                 self.peak_processes = sorted(rows, key=lambda row: -row[0])
             self._stop.wait(self.interval)
@@ -187,7 +196,8 @@ class TreeMemorySampler:
             "samples": self.samples,
             "most-processes-at-once": self.most_processes,
             "at-peak-by-kind-gib": {
-                kind: sum(row[3].get(kind, 0) for row in self.peak_processes) / 2**20 for kind in ("RssAnon", "RssFile", "RssShmem")
+                kind: sum(row[3].get(kind, 0) for row in self.peak_processes) / 2**20
+                for kind in ("RssAnon", "RssFile", "RssShmem")
             },
             "at-peak": [
                 {"rss-mib": r // 1024, "pss-mib": p // 1024, **{k: v // 1024 for k, v in kinds.items()}, "command": c}

@@ -14,9 +14,8 @@ import statistics
 import threading
 import time
 
-from common import DATA_DIR, write
-
 import torch
+from common import DATA_DIR, write
 
 from fedsmix import data as datalib
 from fedsmix.encoders import singularized as sm
@@ -77,22 +76,24 @@ def main() -> None:
     copies, encodes = [], []
     for i in range(args.repeats):
         copies.append(timed(lambda: x.clone()))
-        encodes.append(timed(lambda: sm.singularized_mixup(x, y, alpha, radius, generator(0, i, "encode"))))
+        encodes.append(timed(lambda i=i: sm.singularized_mixup(x, y, alpha, radius, generator(0, i, "encode"))))
         print(f"repeat {i}: copy {copies[-1]:.3f} s, encode {encodes[-1]:.3f} s", flush=True)
     copy_s, encode_s = statistics.median(copies), statistics.median(encodes)
-    before = [timed(lambda: whole_tensor_encode(x, y, alpha, radius, generator(0, i, "encode"))) for i in range(2)]
+    before = [timed(lambda i=i: whole_tensor_encode(x, y, alpha, radius, generator(0, i, "encode"))) for i in range(2)]
     print(f"whole-tensor encoder (before blocking): {statistics.median(before):.3f} s", flush=True)
     steps = profile(x, alpha, radius)
     ratio = encode_s / copy_s
     best = min(encodes) / min(copies)
-    print(f"encode / copy = {encode_s:.3f} s / {copy_s:.3f} s = {ratio:.2f}x median, {best:.2f}x best-of (target <= 3x)")
+    print(
+        f"encode / copy = {encode_s:.3f} s / {copy_s:.3f} s = {ratio:.2f}x median, {best:.2f}x best-of (target <= 3x)"
+    )
     print(f"  whole-tensor encoder before blocking: {statistics.median(before) / copy_s:.2f}x")
     for name, seconds in steps.items():
         print(f"  {name:>42}: {seconds:.3f} s ({seconds / copy_s:.2f}x the median copy)")
     write(
         "encoding_throughput",
         {
-            "command": "benchmarks/encoding_throughput.py --repeats %d" % args.repeats,
+            "command": f"benchmarks/encoding_throughput.py --repeats {args.repeats}",
             "tensor": list(x.shape),
             "bytes": x.numel() * 4,
             "copy-seconds": copies,

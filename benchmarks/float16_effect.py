@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from common import DATA_DIR, PROJECT, write
 
-from server.simulate import simulate
+from commands.simulate import simulate
 
 
 def main() -> None:
@@ -29,14 +29,22 @@ def main() -> None:
             "accuracy": mix["accuracy"],
             "bytes-up-per-party": mix["mean-bytes-up-per-party"],
             "trivial-snr-db": pooled["trivial"]["snr_mean"],
-            "attacks": {name: {"snr-db": a["score"]["snr_mean"], "gain-snr-db": a["gain"]["snr_db"], "ssim": a["score"]["ssim_mean"]}
-                        for name, a in pooled["attacks"].items()},
+            "attacks": {
+                name: {
+                    "snr-db": a["score"]["snr_mean"],
+                    "gain-snr-db": a["gain"]["snr_db"],
+                    "ssim": a["score"]["ssim_mean"],
+                }
+                for name, a in pooled["attacks"].items()
+            },
         }
         print(dtype, out[dtype], flush=True)
     out["difference (float16 - float32)"] = {
         "accuracy": out["float16"]["accuracy"] - out["float32"]["accuracy"],
-        **{f"{name} snr-db": out["float16"]["attacks"][name]["snr-db"] - out["float32"]["attacks"][name]["snr-db"]
-           for name in out["float32"]["attacks"]},
+        **{
+            f"{name} snr-db": out["float16"]["attacks"][name]["snr-db"] - out["float32"]["attacks"][name]["snr-db"]
+            for name in out["float32"]["attacks"]
+        },
     }
     write("float16_effect", {"command": "benchmarks/float16_effect.py", **out})
 

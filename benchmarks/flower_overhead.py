@@ -2,7 +2,8 @@
 
 Same settings, same seed: 30 parties of CIFAR-10 encode (singularized mixup, pixel space) and
 the server trains the CNN on the union for `--epochs`. The in-process side is
-fedsmix.pipeline.mixup_union_in_process (no Flower, no Ray, no validation or upload store); it
+commands.direct.mixup_union, the party's and server's own steps without Flower (no Ray, no validation
+or upload store); it
 runs before and after the Flower run and the mean is the reference. Both sides train the same
 weights (the digest is compared). Target: Flower run <= 1.3x in-process.
 
@@ -14,15 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from common import DATA_DIR, PROJECT, TreeMemorySampler, write
 
+from commands.direct import mixup_union
+from commands.federation import DEFAULT_FEDERATION
+from commands.launch import flower_env, flwr_run, free_port, superlink_pids
 from fedsmix.config import load_settings
 from fedsmix.device import select_device
-from fedsmix.federation import DEFAULT_FEDERATION
-from fedsmix.launch import flower_env, free_port, flwr_run, superlink_pids
-from fedsmix.pipeline import mixup_union_in_process
+from fedsmix.space import load_test
 
 RUNS = PROJECT / "benchmarks" / "runs"
 
@@ -41,7 +42,8 @@ def settings_for(args) -> dict:
 def in_process(overrides: dict, parties: int) -> dict:
     settings = load_settings(overrides)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    result = mixup_union_in_process(settings, parties, select_device(settings.device))
+    device = select_device(settings.device)
+    result = mixup_union(settings, parties, load_test(settings), device)
     result["process-seconds"] = time.perf_counter() - t0
     result["cpu-seconds"] = time.process_time() - cpu0
     print(f"in-process: {result['process-seconds']:.1f} s, accuracy {result['accuracy']:.4f}", flush=True)
@@ -61,7 +63,10 @@ def through_flower(overrides: dict, parties: int) -> dict:
         raise SystemExit(f"flwr run failed ({run.status}):\n{run.output[-3000:]}")
     results = json.loads((RUNS / "latest" / "results.json").read_text())
     mix = results["strategies"]["mixup-union"]
-    print(f"flwr run: {seconds:.1f} s end to end, strategy {mix['wall-seconds']:.1f} s, accuracy {mix['accuracy']:.4f}", flush=True)
+    print(
+        f"flwr run: {seconds:.1f} s end to end, strategy {mix['wall-seconds']:.1f} s, accuracy {mix['accuracy']:.4f}",
+        flush=True,
+    )
     return {"process-seconds": seconds, "strategy": mix, "memory": memory.report(), "run-dir": results["run-dir"]}
 
 
@@ -78,7 +83,9 @@ def main() -> None:
     mix = flower["strategy"]
     ratio = flower["process-seconds"] / reference
     same = mix["weights-sha256"] == before["weights-sha256"] == after["weights-sha256"]
-    print(f"flwr run / in-process = {flower['process-seconds']:.1f} / {reference:.1f} s = {ratio:.2f}x (target <= 1.3x)")
+    print(
+        f"flwr run / in-process = {flower['process-seconds']:.1f} / {reference:.1f} s = {ratio:.2f}x (target <= 1.3x)"
+    )
     print(f"  strategy only (ServerApp, excluding SuperLink/Ray start): {mix['wall-seconds'] / reference:.2f}x")
     print(f"  same trained weights: {same}")
     write(
@@ -93,11 +100,12 @@ def main() -> None:
             "ratio": ratio,
             "ratio-strategy-only": mix["wall-seconds"] / reference,
             "breakdown-seconds": {
-                "in-process encode (sequential)": (before["encode-seconds"] + after["encode-seconds"]) / 2,
+                "in-process encode (sequential)": (before["upload-seconds"] + after["upload-seconds"]) / 2,
                 "in-process train": (before["train-seconds"] + after["train-seconds"]) / 2,
                 "flower upload phase (Ray actors encode, send, validate, store)": mix["upload-seconds"],
                 "flower train (memory-mapped union)": mix["train-seconds"],
-                "flower outside the strategy (flwr CLI, SuperLink, Ray start/stop)": flower["process-seconds"] - mix["wall-seconds"],
+                "flower outside the strategy (flwr CLI, SuperLink, Ray start/stop)": flower["process-seconds"]
+                - mix["wall-seconds"],
             },
             "same-weights": same,
             "target": "<= 1.3",

@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from fedsmix.pipeline import train_classifier  # noqa: E402
+from commands.simulate import simulate  # noqa: E402
+from fedsmix.central import train_classifier  # noqa: E402
 from fedsmix.config import load_settings  # noqa: E402
-from server.simulate import simulate  # noqa: E402
 
 
 def simulation(device: str, num_gpus: float) -> dict:
@@ -72,7 +72,20 @@ def main() -> None:
             "device": res["device"],
             "wall-seconds-total": res["wall-seconds-total"],
             **{
-                name: {k: v for k, v in r.items() if k in ("accuracy", "party0-accuracy", "parties-used", "parties-on-cuda", "wall-seconds", "train-metrics", "error")}
+                name: {
+                    k: v
+                    for k, v in r.items()
+                    if k
+                    in (
+                        "accuracy",
+                        "party0-accuracy",
+                        "parties-used",
+                        "parties-on-cuda",
+                        "wall-seconds",
+                        "train-metrics",
+                        "error",
+                    )
+                }
                 for name, r in res["strategies"].items()
             },
         }

@@ -16,8 +16,8 @@ import time
 
 from common import DATA_DIR, PROJECT, TreeMemorySampler, write
 
-from fedsmix.federation import DEFAULT_FEDERATION
-from fedsmix.launch import flower_env, free_port, flwr_run, superlink_pids
+from commands.federation import DEFAULT_FEDERATION
+from commands.launch import flower_env, flwr_run, free_port, superlink_pids
 
 RUNS = PROJECT / "benchmarks" / "runs"
 
@@ -38,9 +38,19 @@ def measure(parties: int, epochs: int) -> dict:
         raise SystemExit(f"flwr run failed ({run.status}):\n{run.output[-3000:]}")
     mix = json.loads((RUNS / "latest" / "results.json").read_text())["strategies"]["mixup-union"]
     report = sampler.report()
-    print(f"{parties} parties: peak RSS {report['peak-rss-gib']:.2f} GiB, PSS at peak {report['pss-at-peak-gib']:.2f} GiB "
-          f"({time.perf_counter() - t0:.0f} s; union {mix['union-size']} rows, accuracy {mix['accuracy']:.3f})", flush=True)
-    return {"parties": parties, "seconds": time.perf_counter() - t0, "union-size": mix["union-size"], "accuracy": mix["accuracy"], **report}
+    print(
+        f"{parties} parties: peak RSS {report['peak-rss-gib']:.2f} GiB, "
+        f"PSS at peak {report['pss-at-peak-gib']:.2f} GiB "
+        f"({time.perf_counter() - t0:.0f} s; union {mix['union-size']} rows, accuracy {mix['accuracy']:.3f})",
+        flush=True,
+    )
+    return {
+        "parties": parties,
+        "seconds": time.perf_counter() - t0,
+        "union-size": mix["union-size"],
+        "accuracy": mix["accuracy"],
+        **report,
+    }
 
 
 def main() -> None:

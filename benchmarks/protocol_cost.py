@@ -16,7 +16,7 @@ import argparse
 
 from common import DATA_DIR, PROJECT, write
 
-from server.simulate import simulate
+from commands.simulate import simulate
 
 RUNS = str(PROJECT / "benchmarks" / "runs")
 
@@ -67,18 +67,33 @@ def main() -> None:
           f"{prox['mean-bytes-up-per-party']:,.0f} bytes up per party")
     for name, row in rows.items():
         reached = row["seconds-to-target"]
-        print(f"{name}: {row['bytes-up-per-party']:,.0f} bytes up per party "
-              f"({row['bytes-up-ratio (fedprox / mixup)']:.2f}x fewer; target >= 10x); "
-              + (f"target reached after {reached:.1f} s ({row['time-ratio (fedprox / mixup)']:.2f}x faster; target >= 3x)"
-                 if reached else f"target not reached (best {row['best-accuracy']:.4f})"))
+        print(
+            f"{name}: {row['bytes-up-per-party']:,.0f} bytes up per party "
+            f"({row['bytes-up-ratio (fedprox / mixup)']:.2f}x fewer; target >= 10x); "
+            + (
+                f"target reached after {reached:.1f} s "
+                f"({row['time-ratio (fedprox / mixup)']:.2f}x faster; target >= 3x)"
+                if reached
+                else f"target not reached (best {row['best-accuracy']:.4f})"
+            )
+        )
     milestones = {}
     for level in (0.90, 0.95, round(min(target, rows["mixup-union float32"]["best-accuracy"]) - 0.005, 3)):
-        milestones[f"{level:.3f}"] = {"fedprox": time_to(prox["curve"], level), **{k: time_to(r["curve"], level) for k, r in rows.items()}}
-        print(f"seconds to {level:.1%}: " + ", ".join(f"{k} {v:.1f}" if v is not None else f"{k} never" for k, v in milestones[f"{level:.3f}"].items()))
+        milestones[f"{level:.3f}"] = {
+            "fedprox": time_to(prox["curve"], level),
+            **{k: time_to(r["curve"], level) for k, r in rows.items()},
+        }
+        print(
+            f"seconds to {level:.1%}: "
+            + ", ".join(
+                f"{k} {v:.1f}" if v is not None else f"{k} never" for k, v in milestones[f"{level:.3f}"].items()
+            )
+        )
     write(
         "protocol_cost",
         {
-            "command": "benchmarks/protocol_cost.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+            "command": "benchmarks/protocol_cost.py "
+            + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
             "settings": base,
             "parties": args.parties,
             "fedprox": {

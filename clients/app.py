@@ -1,26 +1,19 @@
 """ClientApp: each party encodes its partition once (query "encode"), or trains locally.
 
-Handlers only parse the message, call the fedsmix library and build the reply. The reply to
-"encode" carries the encoded inputs, soft labels and a few scalars; never indices, the
-permutation, the seed or a raw sample.
+Handlers only parse the message, call the party module (`fedsmix.party`) and build the reply.
+The reply to "encode" carries the encoded inputs, soft labels and a few scalars; never indices,
+the permutation, the seed or a raw sample.
 """
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.faults import corrupt, corruption, maybe_fail
 from fedsmix.config import Settings
 from fedsmix.device import select_device
-from fedsmix.encoders import empirical_snr
-from fedsmix.pipeline import encode_partition, load_partition, new_classifier, train_config, upload_inputs
-from fedsmix.seeding import generator
-from fedsmix.training import train as train_loop
+from fedsmix.faults import maybe_fail
+from fedsmix.party import load_partition, prepare_upload, train_local
 
 app = ClientApp()
 
@@ -34,12 +27,17 @@ def _settings(msg: Message, context: Context) -> tuple[Settings, int, int]:
     return settings, int(node["partition-id"]), int(node["num-partitions"])
 
 
+def _reply(msg: Message, metrics: dict, **records) -> Message:
+    numbers = MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+    return Message(RecordDict({**records, "metrics": numbers}), reply_to=msg)
+
+
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     """Say which party this node is; load the partition now (a cold start happens here, not in a timed phase)."""
     settings, party, num_parties = _settings(msg, context)
     part = load_partition(settings, party, num_parties)
-    return Message(RecordDict({"metrics": MetricRecord({"party": party, "num-examples": len(part.labels)})}), reply_to=msg)
+    return _reply(msg, {"party": party, "num-examples": len(part.labels)})
 
 
 @app.query("encode")
@@ -48,31 +46,10 @@ def encode(msg: Message, context: Context) -> Message:
     maybe_fail(settings.fault, party, "encode", settings.reply_timeout)
     stored = str(msg.content["config"].get("stored-parties", ""))
     if str(party) in stored.split(","):  # a resumed run holds this party's upload already
-        return Message(RecordDict({"metrics": MetricRecord({"party": party, "stored": 1})}), reply_to=msg)
-    t0 = time.perf_counter()
-    part = load_partition(settings, party, num_parties)
-    enc, cal = encode_partition(settings, part)
-    seconds = time.perf_counter() - t0
-    arrays = {"x": upload_inputs(enc.x, settings.upload_dtype), "y": enc.y.numpy().astype(np.float32, copy=False)}
-    metrics = {
-        "party": party,
-        "num-examples": len(enc),
-        "tau": cal.tau,
-        "alpha": cal.alpha,
-        "radius": cal.radius,
-        "m-f": cal.m_f,
-        "D": cal.D,
-        "V": cal.V,
-        "c": cal.c,
-        "snr-bound": cal.snr_bound,
-        "snr-empirical": empirical_snr(part.x, enc),
-        "encode-seconds": seconds,
-    }
-    if kind := corruption(settings.fault, party):  # fault injection: a dishonest party
-        arrays, metrics = corrupt(kind, arrays, metrics)
-    upload = ArrayRecord({key: Array(value) for key, value in arrays.items()})
-    metrics = MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float)})
-    return Message(RecordDict({"upload": upload, "metrics": metrics}), reply_to=msg)
+        return _reply(msg, {"party": party, "stored": 1})
+    upload = prepare_upload(settings, party, num_parties)
+    arrays = ArrayRecord({key: Array(value) for key, value in upload.arrays.items()})
+    return _reply(msg, upload.metrics, upload=arrays)
 
 
 @app.train()
@@ -83,28 +60,20 @@ def train(msg: Message, context: Context) -> Message:
     mode = str(config.get("mode", "federated"))
     maybe_fail(settings.fault, party, mode, settings.reply_timeout)
     device = select_device(settings.device)
-    part = load_partition(settings, party, num_parties)
-    model = new_classifier(settings, part.sample_shape, part.num_classes)
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    if mode == "local-only":
-        cfg = train_config(settings, device)
-        purpose = ("local-only", party)
-        reference = None
-    else:
-        mu = float(config.get("proximal-mu", 0.0))
-        cfg = train_config(settings, device, federated_client=True, proximal_mu=mu)
-        purpose = ("federated", party, int(config.get("server-round", 0)))
-        reference = [p.detach().clone() for p in model.parameters()]  # global weights, before training
-    torch.manual_seed(settings.seed + party)
-    report = train_loop(model, part.x, part.one_hot(), cfg, generator(settings.seed, *purpose), proximal_reference=reference)
-    metrics = MetricRecord(
-        {
-            "party": party,
-            "num-examples": len(part.labels),
-            "train-loss": report.losses[-1],
-            "train-seconds": report.seconds,
-            "on-cuda": int(device.startswith("cuda")),
-        }
+    result = train_local(
+        settings,
+        load_partition(settings, party, num_parties),
+        msg.content["arrays"].to_torch_state_dict(),
+        mode=mode,
+        server_round=int(config.get("server-round", 0)),
+        proximal_mu=float(config.get("proximal-mu", 0.0)),
+        device=device,
     )
-    arrays = ArrayRecord(model.cpu().state_dict())
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    metrics = {
+        "party": party,
+        "num-examples": result.num_examples,
+        "train-loss": result.report.losses[-1],
+        "train-seconds": result.report.seconds,
+        "on-cuda": int(device.startswith("cuda")),
+    }
+    return _reply(msg, metrics, arrays=ArrayRecord(result.model.cpu().state_dict()))

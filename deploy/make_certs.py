@@ -41,11 +41,13 @@ def _write(path: Path, data: bytes, private: bool) -> Path:
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name), x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedsmix")])
+    return x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, common_name), x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedsmix")]
+    )
 
 
 def _builder(subject: x509.Name, issuer: x509.Name, public_key, days: int) -> x509.CertificateBuilder:
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     return (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -60,8 +62,15 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key, days: int) -> x5
 def _certificate_authority(days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP384R1())
     usage = x509.KeyUsage(
-        digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
-        key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False,
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
     )
     cert = (
         _builder(_name("fedsmix CA"), _name("fedsmix CA"), key.public_key(), days)
@@ -72,10 +81,14 @@ def _certificate_authority(days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.
     return key, cert
 
 
-def _server_certificate(name: str, ca_key, ca_cert: x509.Certificate, days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def _server_certificate(
+    name: str, ca_key, ca_cert: x509.Certificate, days: int
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A TLS server certificate for the compose service `name`, also valid on loopback (native runs)."""
     key = ec.generate_private_key(ec.SECP384R1())
-    alt = [x509.DNSName(n) for n in (name, *LOOPBACK)] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "::1")]
+    alt = [x509.DNSName(n) for n in (name, *LOOPBACK)] + [
+        x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "::1")
+    ]
     cert = (
         _builder(_name(name), ca_cert.subject, key.public_key(), days)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -87,7 +100,9 @@ def _server_certificate(name: str, ca_key, ca_cert: x509.Certificate, days: int)
 
 
 def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def make_deployment_certs(out: Path, supernodes: int, days: int = DEFAULT_DAYS) -> Path:
@@ -109,7 +124,10 @@ def authentication_key(path: Path, comment: str) -> bytes:
     key = ec.generate_private_key(ec.SECP384R1())
     openssh = serialization.PrivateFormat.OpenSSH
     _write(path, key.private_bytes(serialization.Encoding.PEM, openssh, serialization.NoEncryption()), private=True)
-    return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + f" {comment}\n".encode()
+    return (
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        + f" {comment}\n".encode()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """Register SuperNode public keys with a SuperLink that runs `--enable-supernode-auth`.
 
-    python -m deploy.register_supernodes --superlink superlink:8000 --root-certificates /certs/ca.crt /certs/supernodes.pub
+    python -m deploy.register_supernodes --superlink superlink:8000 \
+        --root-certificates /certs/ca.crt /certs/supernodes.pub
 
 A SuperNode whose key is not registered is refused (it exits with Flower's code 305), so this
 runs once after the SuperLink is healthy and before any SuperNode starts (the compose TLS
@@ -48,13 +49,16 @@ def register(key: Path, env: dict[str, str]) -> str:
     """Node id of the registered key; 'already registered' when the SuperLink knows it."""
     out = subprocess.run(
         [flwr_command(), "supernode", "register", str(key), CONNECTION, "--format", "json"],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     text = out.stdout + out.stderr
     if "already in use" in text:
         return "already registered"
     try:
-        reply = json.loads(out.stdout[out.stdout.index("{"):])
+        reply = json.loads(out.stdout[out.stdout.index("{") :])
     except ValueError:
         reply = {}
     if out.returncode != 0 or not reply.get("success"):

@@ -20,14 +20,12 @@ import argparse
 import http.client
 import json
 import os
-import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -37,7 +35,8 @@ from pathlib import Path
 
 import yaml
 
-from fedsmix.launch import _config_arg, free_port
+from commands import launch
+from commands.launch import FlowerRun, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
@@ -99,7 +98,9 @@ def load_services(files: Sequence[Path]) -> dict[str, dict]:
                     merged[key] = {**merged.get(key, {}), **_depends(value)}
                 elif key == "volumes":
                     volumes = dict(merged.get(key, {}))
-                    volumes.update({target: source for source, target in (_volume(v, Path(path).parent) for v in value)})
+                    volumes.update(
+                        {target: source for source, target in (_volume(v, Path(path).parent) for v in value)}
+                    )
                     merged[key] = volumes
                 elif key == "healthcheck":
                     merged[key] = {**merged.get(key, {}), **value}
@@ -155,7 +156,9 @@ class Translator:
     def __init__(self, services: dict[str, dict], mounts: dict[str, Path], volumes_root: Path):
         self.services = services
         self.ports = {
-            (name, port): free_port() for name, spec in services.items() for port in listening_ports(spec.get("command", []))
+            (name, port): free_port()
+            for name, spec in services.items()
+            for port in listening_ports(spec.get("command", []))
         }
         self.mounts = mounts
         self.volumes_root = volumes_root
@@ -225,7 +228,9 @@ def executable(spec: dict) -> list[str]:
         return [sys.executable if entry[0] == "python" else str(BIN / entry[0]), *entry[1:]]
     image = str(spec.get("image", "")).split(":")[0]
     if image not in IMAGE_BINARIES:
-        raise DeploymentError(f"image {spec.get('image')!r}: no native binary for it (known: {', '.join(IMAGE_BINARIES)})")
+        raise DeploymentError(
+            f"image {spec.get('image')!r}: no native binary for it (known: {', '.join(IMAGE_BINARIES)})"
+        )
     return [str(BIN / IMAGE_BINARIES[image])]
 
 
@@ -262,19 +267,6 @@ def startup_order(services: dict[str, NativeService]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ deployment
-@dataclass
-class RunOutcome:
-    run_id: int | None
-    status: str
-    details: str
-    output: str
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "finished:completed"
-
-
 def connection_toml(name: str, address: str, root_certificates: str | None) -> str:
     """A `[superlink.<name>]` entry of $FLWR_HOME/config.toml (README "Deployment" shows the same)."""
     trust = f'root-certificates = "{root_certificates}"' if root_certificates else "insecure = true"
@@ -326,7 +318,12 @@ class Deployment:
         self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path(name), "ab") as handle:
             proc = subprocess.Popen(
-                service.argv, cwd=REPO, env=self.env(name), stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+                service.argv,
+                cwd=REPO,
+                env=self.env(name),
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.procs[name] = proc
         self.log(f"started {name} (pid {proc.pid}): {' '.join(service.argv[1:])}")
@@ -369,12 +366,16 @@ class Deployment:
             if name not in self.oneshots():
                 self.wait_healthy(name)
         self.wait_online(self.parties)  # a SuperNode is healthy before the SuperLink knows it
-        self.log(f"deployment up: {len(self.procs)} processes, {self.parties} parties, {'TLS' if self.tls else 'insecure'}")
+        self.log(
+            f"deployment up: {len(self.procs)} processes, {self.parties} parties, {'TLS' if self.tls else 'insecure'}"
+        )
         return self
 
     def oneshots(self) -> set[str]:
         """Services others wait to finish (`service_completed_successfully`), not to be healthy."""
-        return {d for s in self.native.values() for d, c in s.depends_on.items() if c == "service_completed_successfully"}
+        return {
+            d for s in self.native.values() for d, c in s.depends_on.items() if c == "service_completed_successfully"
+        }
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Kill a service and everything it started (its process group), as `docker kill` would."""
@@ -444,8 +445,7 @@ class Deployment:
         return {k: self.server_path(v) if isinstance(v, str) and v.startswith("/") else v for k, v in config.items()}
 
     def flwr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        argv = [str(BIN / "flwr"), *args]
-        return subprocess.run(argv, env=self.cli_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        return launch.flwr(*args, env=self.cli_env(), cwd=REPO, timeout=timeout)
 
     def online_nodes(self) -> list[int]:
         out = self.flwr("supernode", "list", self.connection, "--format", "json")
@@ -463,55 +463,19 @@ class Deployment:
             time.sleep(1.0)
         return nodes
 
-    def run_status(self, run_id: int) -> tuple[str, str]:
-        out = self.flwr("ls", self.connection, "--run-id", str(run_id), "--format", "json")
+    def flwr_run(self, config: dict, timeout: float = 600.0, on_line: Callable[[str], None] | None = None) -> FlowerRun:
+        """`flwr run . <connection> --stream` through the project's one driver (commands/launch.py)."""
         try:
-            run = json.loads(out.stdout)["runs"][0]
-            return str(run["status"]), str(run.get("status-details", ""))
-        except (ValueError, KeyError, IndexError):
-            return "unknown", (out.stdout + out.stderr).strip()[-500:]
-
-    def flwr_run(self, config: dict, timeout: float = 600.0, on_line: Callable[[str], None] | None = None) -> RunOutcome:
-        """`flwr run . <connection> --stream`; the run's status comes from `flwr ls` (the exit code of
-        `flwr run --stream` says nothing about the ServerApp). Never waits past `timeout`."""
-        run_config = _config_arg(self.run_config(config))
-        argv = [str(BIN / "flwr"), "run", str(REPO), self.connection, "--stream", "--run-config", run_config]
-        t0 = time.monotonic()
-        proc = subprocess.Popen(
-            argv, env=self.cli_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
-        lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-        output: list[str] = []
-        run_id = None
-        deadline = t0 + timeout
-        try:
-            while time.monotonic() < deadline:
-                try:
-                    line = lines.get(timeout=1.0)
-                except queue.Empty:
-                    continue
-                if line is None:
-                    break
-                output.append(line)
-                if run_id is None and (m := re.search(r"started run (\d+)", line)):
-                    run_id = int(m[1])
-                if on_line:
-                    on_line(line)
-            else:
-                if run_id is not None:
-                    self.flwr("stop", str(run_id), self.connection)
-                raise DeploymentError(f"run {run_id} did not finish within {timeout:.0f}s:\n{''.join(output)[-3000:]}")
-        finally:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if run_id is None:
-            return RunOutcome(None, "not started", "", "".join(output), time.monotonic() - t0)
-        status, details = self.run_status(run_id)
-        while not status.startswith("finished") and time.monotonic() < deadline:
-            time.sleep(1.0)  # the stream can end a moment before the SuperLink records the status
-            status, details = self.run_status(run_id)
-        return RunOutcome(run_id, status, details, "".join(output), time.monotonic() - t0)
+            return launch.stream_run(
+                self.run_config(config),
+                self.cli_env(),
+                connection=self.connection,
+                app_dir=REPO,
+                timeout=timeout,
+                on_line=on_line,
+            )
+        except launch.LaunchError as err:
+            raise DeploymentError(str(err)) from None
 
     def results(self, config: dict) -> dict:
         """results.json of the newest run in the ServerApp's runs volume."""
@@ -519,12 +483,6 @@ class Deployment:
         if not path.exists():
             raise DeploymentError(f"no results at {path}")
         return json.loads(path.read_text())
-
-
-def _pump(stream, lines: queue.Queue) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -631,7 +589,9 @@ def smoke(tls: bool = False, parties: int = 2, workdir: Path | None = None, log:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tls", action="store_true", help="add docker-compose.tls.yml (TLS and SuperNode authentication)")
+    parser.add_argument(
+        "--tls", action="store_true", help="add docker-compose.tls.yml (TLS and SuperNode authentication)"
+    )
     parser.add_argument("--parties", type=int, default=2)
     parser.add_argument("--workdir", type=Path, help="keep logs, volumes and homes here (default: a temporary folder)")
     args = parser.parse_args(argv)

@@ -45,7 +45,14 @@ REGISTRY: dict[str, DatasetSpec] = {
         "cifar10", 10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "cifar10.npz", torchvision="CIFAR10"
     ),
     "cifar100": DatasetSpec(
-        "cifar100", 100, 3, 32, (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761), "cifar100.npz", torchvision="CIFAR100"
+        "cifar100",
+        100,
+        3,
+        32,
+        (0.5071, 0.4867, 0.4408),
+        (0.2675, 0.2565, 0.2761),
+        "cifar100.npz",
+        torchvision="CIFAR100",
     ),
     "tiny-imagenet": DatasetSpec(
         "tiny-imagenet", 200, 3, 32, (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761), "tinyimagenet32.npz"

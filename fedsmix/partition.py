@@ -13,7 +13,9 @@ import numpy as np
 SCHEMES = ("iid", "dirichlet", "pathological")
 
 
-def _partitioner(scheme: str, num_parties: int, seed: int, dirichlet_alpha: float, classes_per_party: int, min_size: int):
+def _partitioner(
+    scheme: str, num_parties: int, seed: int, dirichlet_alpha: float, classes_per_party: int, min_size: int
+):
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner
 
     if scheme == "iid":
@@ -39,7 +41,13 @@ def _partitioner(scheme: str, num_parties: int, seed: int, dirichlet_alpha: floa
 
 @lru_cache(maxsize=16)
 def _all_partitions(
-    labels_key: bytes, scheme: str, num_parties: int, seed: int, dirichlet_alpha: float, classes_per_party: int, min_size: int
+    labels_key: bytes,
+    scheme: str,
+    num_parties: int,
+    seed: int,
+    dirichlet_alpha: float,
+    classes_per_party: int,
+    min_size: int,
 ) -> tuple[np.ndarray, ...]:
     from datasets import Dataset
 
@@ -68,5 +76,7 @@ def partition_indices(
     if not 0 <= party < num_parties:
         raise ValueError(f"partition-id: {party} is outside 0..{num_parties - 1}")
     labels = np.ascontiguousarray(labels, dtype=np.int64)
-    parts = _all_partitions(labels.tobytes(), scheme, num_parties, seed, float(dirichlet_alpha), classes_per_party, min_size)
+    parts = _all_partitions(
+        labels.tobytes(), scheme, num_parties, seed, float(dirichlet_alpha), classes_per_party, min_size
+    )
     return parts[party]

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .config import Settings
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -29,6 +31,25 @@ class TrainConfig:
     cosine: bool = True
     proximal_mu: float = 0.0
     device: str = "cpu"
+
+
+def train_config(
+    settings: Settings, device: str, *, federated_client: bool = False, proximal_mu: float = 0.0
+) -> TrainConfig:
+    """Central and local-only training follow appendix E (AdamW, cosine); FedAvg/FedProx
+    clients run `local-epochs` of SGD with momentum per round, as in the FedProx paper."""
+    if federated_client:
+        return TrainConfig(
+            epochs=settings.local_epochs,
+            batch_size=settings.batch_size,
+            lr=settings.client_lr,
+            weight_decay=settings.weight_decay,
+            optimizer="sgd",
+            cosine=False,
+            proximal_mu=proximal_mu,
+            device=device,
+        )
+    return TrainConfig(settings.epochs, settings.batch_size, settings.lr, settings.weight_decay, device=device)
 
 
 @dataclass
@@ -106,7 +127,11 @@ def train(
     else:
         raise ValueError(f"optimizer: unknown {cfg.optimizer!r}")
     steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs * steps_per_epoch) if cfg.cosine else None
+    scheduler = (
+        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=cfg.epochs * steps_per_epoch)
+        if cfg.cosine
+        else None
+    )
     reference = None
     if cfg.proximal_mu > 0:
         if proximal_reference is None:
@@ -117,7 +142,9 @@ def train(
     if checkpoint_path is not None and checkpoint_path.exists():
         state = torch.load(checkpoint_path, weights_only=False, map_location="cpu")  # a GPU checkpoint resumes anywhere
         if state.get("key", "") != checkpoint_key:
-            raise CheckpointMismatch(f"{checkpoint_path}: written for data {state.get('key', '')!r}, not {checkpoint_key!r}")
+            raise CheckpointMismatch(
+                f"{checkpoint_path}: written for data {state.get('key', '')!r}, not {checkpoint_key!r}"
+            )
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None:

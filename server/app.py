@@ -6,7 +6,6 @@ import time
 import traceback
 
 import torch
-
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -36,10 +35,15 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "strategies": {},
         }
-    ctx = RunContext(settings=settings, grid=grid, run_dir=run_dir, device=select_device(settings.device), run_id=run_id)
+    ctx = RunContext(
+        settings=settings, grid=grid, run_dir=run_dir, device=select_device(settings.device), run_id=run_id
+    )
     results["device"] = ctx.device
     results["torch-threads"] = torch.get_num_threads()  # the central trainer's CPU threads
-    print(f"fedsmix: run directory {run_dir}" + (f" (resumed; kept {sorted(done)})" if settings.resume else ""), flush=True)
+    print(
+        f"fedsmix: run directory {run_dir}" + (f" (resumed; kept {sorted(done)})" if settings.resume else ""),
+        flush=True,
+    )
     failures = []
     pending = [name for name in settings.strategies if name not in done]
     try:
@@ -54,6 +58,8 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
         ctx.reset_traffic()
         try:
             results["strategies"][name] = REGISTRY[name](ctx)
+            if name == "mixup-union" and settings.adversary:
+                results["strategies"][name]["adversary"] = attack_run(ctx, results["strategies"][name])
         except RunAborted as err:
             results["strategies"][name] = {"error": str(err), **err.details}  # who dropped out, and why
             failures.append(f"{name}: {err}")
@@ -69,6 +75,16 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
     if failures:
         raise RunAborted("; ".join(failures) + f" (partial results in {run_dir / 'results.json'})")
     return results
+
+
+def attack_run(ctx: RunContext, result: dict) -> dict:
+    """The honest-but-curious server attacks the uploads mixup-union stored (simulation only: the
+    oracle replays each party's encoding for the ground truth)."""
+    from server.adversary.runner import attack_uploads
+    from server.store import UploadStore
+
+    parties = sorted(int(p) for p in result["parties"])
+    return attack_uploads(ctx, UploadStore(ctx.run_dir / "uploads"), parties, result["num-partitions"])
 
 
 def record_parties(results: dict, ctx: RunContext) -> None:

@@ -12,7 +12,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsmix.config import Settings
-from fedsmix.pipeline import load_test
+from fedsmix.space import load_test
 from server.traffic import CountingGrid
 
 
@@ -59,7 +59,8 @@ class RunContext:
                 return nodes
             if time.monotonic() > deadline:
                 raise RunAborted(
-                    f"only {len(nodes)} parties connected after {wait_seconds:.0f}s; min-parties is {self.settings.min_parties}"
+                    f"only {len(nodes)} parties connected after {wait_seconds:.0f}s; "
+                    f"min-parties is {self.settings.min_parties}"
                 )
             time.sleep(1.0)
 
@@ -71,7 +72,10 @@ class RunContext:
         Waits up to reply-timeout; later answers are picked up by `learn_parties()`.
         """
         config = ConfigRecord({"settings": self.settings.to_json()})
-        messages = [Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.hello") for node in self.nodes()]
+        messages = [
+            Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.hello")
+            for node in self.nodes()
+        ]
         self._hello = set(self.grid.push_messages(messages))  # not booked as any strategy's traffic
         return self.learn_parties(wait=self.settings.reply_timeout)
 

@@ -39,8 +39,20 @@ def party_problems(results: dict[str, Any]) -> list[tuple[str, ...]]:
 
 def render(results: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console(width=140, force_terminal=False)
-    table = Table(title=f"fedsmix results ({results.get('settings', {}).get('dataset')}, {results.get('num-parties')} parties)")
-    for col in ("strategy", "test acc %", "party 0 %", "mean/min/max party %", "parties used", "dropped", "rejected", "bytes up/party", "wall s"):
+    table = Table(
+        title=f"fedsmix results ({results.get('settings', {}).get('dataset')}, {results.get('num-parties')} parties)"
+    )
+    for col in (
+        "strategy",
+        "test acc %",
+        "party 0 %",
+        "mean/min/max party %",
+        "parties used",
+        "dropped",
+        "rejected",
+        "bytes up/party",
+        "wall s",
+    ):
         table.add_column(col, justify="right" if col != "strategy" else "left")
     for name, res in results.get("strategies", {}).items():
         if "error" in res:
@@ -75,14 +87,22 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     mix = results.get("strategies", {}).get("mixup-union", {})
     if mix.get("parties"):
         mode = mix.get("radius-mode", "theorem")
-        cal = Table(title=f"mixup-union: calibration per party (radius mode {mode}, tau {mix.get('tau', '-')}; "
-                    "SNR bound = effective bound for this r)")
+        cal = Table(
+            title=f"mixup-union: calibration per party (radius mode {mode}, tau {mix.get('tau', '-')}; "
+            "SNR bound = effective bound for this r)"
+        )
         for col in ("party", "n", "D", "c", "m_f", "r", "SNR bound", "SNR measured"):
             cal.add_column(col, justify="right")
         for party, p in sorted(mix["parties"].items(), key=lambda kv: int(kv[0])):
             cal.add_row(
-                str(party), str(p["num-examples"]), f"{p['D']:.3g}", f"{p['c']:.3f}", f"{p['m-f']:.4g}", f"{p['radius']:.4g}",
-                f"{p['snr-bound']:.2e}", f"{p['snr-empirical']:.2e}",
+                str(party),
+                str(p["num-examples"]),
+                f"{p['D']:.3g}",
+                f"{p['c']:.3f}",
+                f"{p['m-f']:.4g}",
+                f"{p['radius']:.4g}",
+                f"{p['snr-bound']:.2e}",
+                f"{p['snr-empirical']:.2e}",
             )
         console.print(cal)
     if results.get("run-dir"):

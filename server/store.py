@@ -29,15 +29,27 @@ class UploadStore:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.manifest_path = self.root / "manifest.json"
-        self.manifest: dict[str, dict] = json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() else {}
+        self.manifest: dict[str, dict] = (
+            json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() else {}
+        )
 
     def save(self, party: int, x: np.ndarray, y: np.ndarray, metrics: dict) -> StoredUpload:
         if str(party) in self.manifest:
             raise ValueError(f"party {party}: an upload is already stored for this run")
         x_path, y_path = self.root / f"party-{party:03d}.x.npy", self.root / f"party-{party:03d}.y.npy"
         entry = {
-            "x": {"file": x_path.name, "sha256": atomic_save_npy(x_path, x), "shape": list(x.shape), "dtype": str(x.dtype)},
-            "y": {"file": y_path.name, "sha256": atomic_save_npy(y_path, y), "shape": list(y.shape), "dtype": str(y.dtype)},
+            "x": {
+                "file": x_path.name,
+                "sha256": atomic_save_npy(x_path, x),
+                "shape": list(x.shape),
+                "dtype": str(x.dtype),
+            },
+            "y": {
+                "file": y_path.name,
+                "sha256": atomic_save_npy(y_path, y),
+                "shape": list(y.shape),
+                "dtype": str(y.dtype),
+            },
             "metrics": metrics,
         }
         self.manifest[str(party)] = entry
@@ -64,7 +76,9 @@ class UploadStore:
 
     def union_key(self, parties: list[int]) -> str:
         """Names exactly these uploads (their sha256): a checkpoint of training on them carries it."""
-        digests = [f"{p}:{self.manifest[str(p)]['x']['sha256']}:{self.manifest[str(p)]['y']['sha256']}" for p in parties]
+        digests = [
+            f"{p}:{self.manifest[str(p)]['x']['sha256']}:{self.manifest[str(p)]['y']['sha256']}" for p in parties
+        ]
         return hashlib.sha256(";".join(digests).encode()).hexdigest()
 
     def parties(self) -> list[int]:

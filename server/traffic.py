@@ -18,7 +18,9 @@ class CountingGrid:
     one place that sees all traffic, whatever the strategy.
     """
 
-    def __init__(self, grid, to_node: dict[int, int], from_node: dict[int, int], destinations: dict[str, int] | None = None):
+    def __init__(
+        self, grid, to_node: dict[int, int], from_node: dict[int, int], destinations: dict[str, int] | None = None
+    ):
         self._grid = grid
         self.to_node = to_node
         self.from_node = from_node

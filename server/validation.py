@@ -78,7 +78,9 @@ def validate_upload(content: RecordDict, who: str, expect: Expectation, seen_par
     if n > expect.max_samples:
         raise UploadRejected(who, "upload.x", f"{n} samples exceed the limit of {expect.max_samples}")
     if tuple(x.shape[1:]) != tuple(expect.sample_shape):
-        raise UploadRejected(who, "upload.x", f"sample shape {tuple(x.shape[1:])}, expected {tuple(expect.sample_shape)}")
+        raise UploadRejected(
+            who, "upload.x", f"sample shape {tuple(x.shape[1:])}, expected {tuple(expect.sample_shape)}"
+        )
     if y.ndim != 2 or y.shape[1] != expect.num_classes:
         raise UploadRejected(who, "upload.y", f"shape {tuple(y.shape)}, expected (n, {expect.num_classes}) soft labels")
     if len(y) != n:
@@ -94,5 +96,7 @@ def validate_upload(content: RecordDict, who: str, expect: Expectation, seen_par
     sums = y.astype(np.float64).sum(axis=1)
     worst = float(np.abs(sums - 1).max())
     if worst > expect.label_tolerance:
-        raise UploadRejected(who, "upload.y", f"label rows must sum to 1 (worst row sums to {sums[np.abs(sums - 1).argmax()]:.4f})")
+        raise UploadRejected(
+            who, "upload.y", f"label rows must sum to 1 (worst row sums to {sums[np.abs(sums - 1).argmax()]:.4f})"
+        )
     return ValidUpload(party, x, y, {k: metrics[k] for k in metrics}, nbytes)

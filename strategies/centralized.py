@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 
 from fedsmix import data as datalib
-from fedsmix.pipeline import load_train_all, mixing_shape, test_accuracy, train_classifier
+from fedsmix.central import test_accuracy, train_classifier
+from fedsmix.space import load_train_all, mixing_shape
 from server.context import RunContext
 
 
@@ -16,7 +17,9 @@ def run(ctx: RunContext) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     x, labels = load_train_all(s)
     num_classes = datalib.spec(s.dataset).num_classes
-    model, report = train_classifier(s, x, datalib.one_hot(labels, num_classes), mixing_shape(s), num_classes, ctx.device, purpose="centralized")
+    model, report = train_classifier(
+        s, x, datalib.one_hot(labels, num_classes), mixing_shape(s), num_classes, ctx.device, purpose="centralized"
+    )
     metrics = test_accuracy(model, ctx.test_set(), ctx.device)
     return {
         "accuracy": metrics["accuracy"],

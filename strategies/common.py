@@ -13,7 +13,9 @@ def settings_config(ctx: RunContext, **extra) -> ConfigRecord:
     return ConfigRecord({"settings": ctx.settings.to_json(), **extra})
 
 
-def split_replies(ctx: RunContext, replies: list[Message], expected_nodes: list[int]) -> tuple[list[Message], list[dict]]:
+def split_replies(
+    ctx: RunContext, replies: list[Message], expected_nodes: list[int]
+) -> tuple[list[Message], list[dict]]:
     """Replies with content, and one record per node that raised or never answered (with the time).
 
     Each good reply's party (its metrics name it) is recorded in `ctx.node_party` for the reports.
@@ -58,7 +60,9 @@ def dropped_record(ctx: RunContext, node: int, reason: str) -> dict:
 def require_parties(ctx: RunContext, valid: int, what: str, **details) -> None:
     """Abort below min-parties; `details` (dropped, rejected) reach results.json with the error."""
     if valid < ctx.settings.min_parties:
-        raise RunAborted(f"{what}: only {valid} valid parties remain; min-parties is {ctx.settings.min_parties}", details)
+        raise RunAborted(
+            f"{what}: only {valid} valid parties remain; min-parties is {ctx.settings.min_parties}", details
+        )
 
 
 def bytes_summary(ctx: RunContext, nodes: list[int]) -> dict:

@@ -14,7 +14,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedProx
 
 from fedsmix import data as datalib
-from fedsmix.pipeline import mixing_shape, new_classifier, test_accuracy
+from fedsmix.central import test_accuracy
+from fedsmix.models import new_classifier
+from fedsmix.space import mixing_shape
 from server.context import RunAborted, RunContext
 from strategies.common import bytes_summary, split_replies
 
@@ -37,7 +39,9 @@ class ReportingFedProx(FedProx):
         self.sampled[server_round] = [m.metadata.dst_node_id for m in messages]
         return messages
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         ok, dropped = split_replies(self.ctx, replies, self.sampled.get(server_round, []))
         self.dropped.extend({**record, "round": server_round} for record in dropped)

@@ -7,7 +7,9 @@ import time
 from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 
 from fedsmix import data as datalib
-from fedsmix.pipeline import mixing_shape, new_classifier, test_accuracy
+from fedsmix.central import test_accuracy
+from fedsmix.models import new_classifier
+from fedsmix.space import mixing_shape
 from server.context import RunContext
 from strategies.common import bytes_summary, require_parties, settings_config, split_replies
 

@@ -14,10 +14,11 @@ import time
 import torch
 from flwr.app import Message, RecordDict
 
-from clients.faults import interrupt_after
 from fedsmix import data as datalib
-from fedsmix.pipeline import mixing_shape, test_accuracy, train_classifier
+from fedsmix.central import test_accuracy, train_classifier
+from fedsmix.faults import interrupt_after
 from fedsmix.runs import atomic_write_bytes
+from fedsmix.space import mixing_shape
 from fedsmix.training import CheckpointMismatch, state_digest
 from server.context import RunContext
 from server.store import UploadStore
@@ -35,7 +36,9 @@ def expectation(ctx: RunContext) -> Expectation:
     )
 
 
-def collect_uploads(ctx: RunContext, replies, store: UploadStore, nodes: list[int]) -> tuple[dict, list[dict], list[dict]]:
+def collect_uploads(
+    ctx: RunContext, replies, store: UploadStore, nodes: list[int]
+) -> tuple[dict, list[dict], list[dict]]:
     """Validate and store each reply as it arrives; a bad upload is rejected with its reason, the rest go on.
 
     A party whose upload the store already holds (resumed run) answers with a stub; it is used
@@ -54,9 +57,21 @@ def collect_uploads(ctx: RunContext, replies, store: UploadStore, nodes: list[in
             party = int(metrics["party"])
             if party in stored:
                 ctx.node_party[node] = party
-                parties[party] = {**store.manifest[str(party)]["metrics"], "node": node, "upload-bytes": 0, "from-store": True}
+                parties[party] = {
+                    **store.manifest[str(party)]["metrics"],
+                    "node": node,
+                    "upload-bytes": 0,
+                    "from-store": True,
+                }
             else:
-                rejected.append({"node": node, "party": str(party), "field": "metrics.stored", "reason": "claims an upload the server does not hold"})
+                rejected.append(
+                    {
+                        "node": node,
+                        "party": str(party),
+                        "field": "metrics.stored",
+                        "reason": "claims an upload the server does not hold",
+                    }
+                )
             continue
         try:
             upload = validate_upload(reply.content, f"node {node}", expect, seen)
@@ -82,7 +97,9 @@ def reopen_store(ctx: RunContext) -> tuple[UploadStore, list[dict]]:
     discarded = []
     for party in store.verify():
         store.discard(party)
-        discarded.append({"party": str(party), "reason": "stored files do not match the manifest's sha256; asked again"})
+        discarded.append(
+            {"party": str(party), "reason": "stored files do not match the manifest's sha256; asked again"}
+        )
     return store, discarded
 
 
@@ -104,11 +121,17 @@ def run(ctx: RunContext) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     nodes = ctx.nodes()
     store, discarded = reopen_store(ctx)
-    config = settings_config(ctx, **({"stored-parties": ",".join(map(str, store.parties()))} if store.parties() else {}))
-    messages = [Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.encode") for node in nodes]
+    config = settings_config(
+        ctx, **({"stored-parties": ",".join(map(str, store.parties()))} if store.parties() else {})
+    )
+    messages = [
+        Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.encode") for node in nodes
+    ]
     parties, rejected, dropped = collect_uploads(ctx, ctx.stream_replies(messages), store, nodes)
     t_upload = time.perf_counter() - t0
-    require_parties(ctx, len(parties), "mixup-union", dropped=dropped, rejected=rejected, **{"discarded-uploads": discarded})
+    require_parties(
+        ctx, len(parties), "mixup-union", dropped=dropped, rejected=rejected, **{"discarded-uploads": discarded}
+    )
     used = sorted(parties)
     x, y = store.union(used)
     key = store.union_key(used)
@@ -118,8 +141,15 @@ def run(ctx: RunContext) -> dict:
 
     def train():
         return train_classifier(
-            s, x, y, shape, num_classes, ctx.device,
-            checkpoint_path=checkpoint, checkpoint_key=key, on_epoch=epoch_hook(ctx, t0, curve),
+            s,
+            x,
+            y,
+            shape,
+            num_classes,
+            ctx.device,
+            checkpoint_path=checkpoint,
+            checkpoint_key=key,
+            on_epoch=epoch_hook(ctx, t0, curve),
         )
 
     checkpoint_note = None
@@ -131,12 +161,15 @@ def run(ctx: RunContext) -> dict:
         model, report = train()
     metrics = test_accuracy(model, ctx.test_set(), ctx.device)
     if not curve or curve[-1]["epoch"] != len(report.losses):
-        curve.append({"epoch": len(report.losses), "accuracy": metrics["accuracy"], "seconds": time.perf_counter() - t0})
+        curve.append(
+            {"epoch": len(report.losses), "accuracy": metrics["accuracy"], "seconds": time.perf_counter() - t0}
+        )
     weights = _save_model(ctx, model)
     result = {
         "accuracy": metrics["accuracy"],
         "test-loss": metrics["loss"],
         "parties-used": len(parties),
+        "num-partitions": len(nodes),
         "union-size": len(x),
         "radius-mode": s.radius_mode,  # how each party chose r: see the per-party radius, m-f, snr-bound
         "tau": s.tau,
@@ -154,10 +187,6 @@ def run(ctx: RunContext) -> dict:
         "wall-seconds": time.perf_counter() - t0,
         **bytes_summary(ctx, nodes),
     }
-    if s.adversary:
-        from server.adversary.runner import attack_uploads
-
-        result["adversary"] = attack_uploads(ctx, store, used, len(nodes))
     return result
 
 

@@ -12,8 +12,9 @@ from fedsmix import data as datalib
 from fedsmix.config import load_settings
 from fedsmix.encoders import calibrate, data_statistics, encode, singularized_mixup
 from fedsmix.metrics import psnr_db, score, snr_db, ssim, theorem41_T
-from fedsmix.pipeline import Partition, encode_partition, encoder_params, load_public_pool
+from fedsmix.party import Partition, encode_partition, encoder_params
 from fedsmix.seeding import generator
+from fedsmix.space import load_public_pool
 from server.adversary.analysis import leakage, theorem41
 from server.adversary.base import Observation
 from server.adversary.cases import observation

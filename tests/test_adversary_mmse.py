@@ -10,7 +10,8 @@ from fedsmix import data as datalib
 from fedsmix.config import load_settings
 from fedsmix.encoders import mixup, singularized_mixup
 from fedsmix.metrics import snr_db, theorem41_T
-from fedsmix.pipeline import Partition, encode_partition, load_public_pool
+from fedsmix.party import Partition, encode_partition
+from fedsmix.space import load_public_pool
 from server.adversary.base import Observation
 from server.adversary.cases import observation
 from server.adversary.linear import LinearAttack

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedsmix.cli import main as fedsmix_main
+from commands.attack import parse_taus
+from commands.cli import main as fedsmix_main
+from commands.simulate import simulate
 from fedsmix.config import SettingsError, load_settings
-from server.adversary.cli import parse_taus
 from server.adversary.oracle import ReplayMismatch, check_replay, replay_party
-from server.simulate import simulate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_oracle_replays_a_party_and_refuses_anything_else():
     """The replay reproduces a party's upload (float32 or float16), and refuses another party's."""
-    from fedsmix.pipeline import encode_partition, load_partition
+    from fedsmix.party import encode_partition, load_partition
 
     settings = load_settings({"preset": "configs/quickstart.yaml"})
     upload_1 = encode_partition(settings, load_partition(settings, 1, 3))[0].x.numpy()
@@ -53,6 +53,7 @@ def test_replay_is_checked_bit_for_bit_or_within_float16_rounding():
         check_replay(2, replayed, replayed[:3])
 
 
+@pytest.mark.sim
 def test_serverapp_attacks_the_uploads_it_received(runs_dir):
     """Two parties on digits upload float16; the server attacks what it stored, scored via the oracle."""
     results = simulate(
@@ -72,7 +73,7 @@ def test_serverapp_attacks_the_uploads_it_received(runs_dir):
         assert party["replay"] == "verified" and party["victims"] == 40 and party["tau"] == 1.0
     pooled = adv["pooled"]
     assert pooled["victims"] == 80 and set(pooled["attacks"]) == {"linear", "mmse", "unet"}
-    for name, entry in pooled["attacks"].items():
+    for entry in pooled["attacks"].values():
         assert set(entry["gain"]) == {"snr_db", "psnr_db", "ssim"}
         assert entry["gain"]["snr_db"] == pytest.approx(entry["score"]["snr_mean"] - pooled["trivial"]["snr_mean"])
     # tau = 1 leaks: both known-W attacks beat the blind guess clearly
@@ -88,9 +89,25 @@ def test_serverapp_attacks_the_uploads_it_received(runs_dir):
 
 def test_attack_command_writes_the_sweep_tables_and_figures(tmp_path, data_dir):
     argv = [
-        "attack", "--dataset", "digits", "--victims", "60", "--taus", "1,...,1e-2", "--attacks", "linear,mmse,unet",
-        "--set", "unet-epochs=1", "--set", "unet-width=4", "--set", "unet-train-size=128", "--set", f"data-dir={data_dir}",
-        "--out", str(tmp_path),
+        "attack",
+        "--dataset",
+        "digits",
+        "--victims",
+        "60",
+        "--taus",
+        "1,...,1e-2",
+        "--attacks",
+        "linear,mmse,unet",
+        "--set",
+        "unet-epochs=1",
+        "--set",
+        "unet-width=4",
+        "--set",
+        "unet-train-size=128",
+        "--set",
+        f"data-dir={data_dir}",
+        "--out",
+        str(tmp_path),
     ]
     assert fedsmix_main(argv) == 0
     names = {p.name for p in tmp_path.iterdir()}

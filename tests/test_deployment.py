@@ -25,6 +25,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
+from commands.launch import config_arg
 from deploy import make_certs
 from deploy.smoke import (
     COMPOSE,
@@ -38,7 +39,6 @@ from deploy.smoke import (
     smoke,
     with_parties,
 )
-from fedsmix.launch import _config_arg
 
 STACKS = {"insecure": [COMPOSE], "tls": [COMPOSE, TLS_OVERLAY]}
 
@@ -62,7 +62,9 @@ def test_compose_files_validate_and_the_smoke_test_reads_them_as_compose_does(st
     for name, spec in resolved.items():
         assert [str(a) for a in ours[name].get("command", [])] == [str(a) for a in spec.get("command", [])], name
         assert ours[name].get("healthcheck", {}).get("test") == spec.get("healthcheck", {}).get("test"), name
-        assert ours[name].get("depends_on", {}) == {k: v["condition"] for k, v in spec.get("depends_on", {}).items()}, name
+        assert ours[name].get("depends_on", {}) == {k: v["condition"] for k, v in spec.get("depends_on", {}).items()}, (
+            name
+        )
         targets = {v.split(":")[1] for v in spec.get("volumes", [])}
         assert set(ours[name].get("volumes", {})) == targets, name
 
@@ -74,12 +76,16 @@ def test_every_party_has_its_own_node_config_and_data_volume(stack):
     parties = party_indices(services)
     assert parties == [0, 1]
     for i in parties:
-        node_config = services[f"supernode-{i}"]["command"][services[f"supernode-{i}"]["command"].index("--node-config") + 1]
+        node_config = services[f"supernode-{i}"]["command"][
+            services[f"supernode-{i}"]["command"].index("--node-config") + 1
+        ]
         assert f"partition-id={i} num-partitions={len(parties)}" in node_config and "data-dir='/data'" in node_config
         apps = services[f"superexec-clientapp-{i}"]
         assert apps["command"][apps["command"].index("--runtime-api-address") + 1] == f"supernode-{i}:9094"
         assert f"party-{i}-data:/data:ro" in apps["volumes"]
-        holders = [n for n, spec in services.items() if any(v.startswith(f"party-{i}-data:") for v in spec.get("volumes", []))]
+        holders = [
+            n for n, spec in services.items() if any(v.startswith(f"party-{i}-data:") for v in spec.get("volumes", []))
+        ]
         assert holders == [f"superexec-clientapp-{i}"]  # no other container sees party i's data
     assert "server-runs:/app/runs:rw" in services["superexec-serverapp"]["volumes"]
     assert config["volumes"]["server-runs"]["name"] == "fedsmix-server-runs"
@@ -121,7 +127,9 @@ def test_service_flags_are_current_flags_of_the_installed_flower(stack, tmp_path
         if not binary.startswith("flower-"):
             continue
         parser = _flower_parser(binary)
-        parser.exit = lambda status=0, message=None: pytest.fail(f"{name}: {binary} rejects its flags: {message}")
+        parser.exit = lambda status=0, message=None, name=name, binary=binary: pytest.fail(
+            f"{name}: {binary} rejects its flags: {message}"
+        )
         parser.parse_args(service.argv[1:])
         options = {opt: action for action in parser._actions for opt in action.option_strings}
         for flag in (a for a in service.argv[1:] if a.startswith("--")):
@@ -130,7 +138,10 @@ def test_service_flags_are_current_flags_of_the_installed_flower(stack, tmp_path
         checked.add(binary)
     assert checked == {"flower-superlink", "flower-supernode", "flower-superexec"}
     superlink = deployment.services["superlink"]["command"]
-    assert superlink[superlink.index("--port") + 1] == "8000" and superlink[superlink.index("--isolation") + 1] == "process"
+    assert (
+        superlink[superlink.index("--port") + 1] == "8000"
+        and superlink[superlink.index("--isolation") + 1] == "process"
+    )
     assert all("--isolation" in s["command"] for n, s in deployment.services.items() if n.startswith("supernode-"))
 
 
@@ -151,12 +162,17 @@ def test_native_translation_maps_ports_hosts_and_mounts(tmp_path):
     deployment = Deployment([COMPOSE], parties=2, workdir=tmp_path)
     link = deployment.translator.port("superlink", 8000)
     superlink = deployment.native["superlink"].argv
-    assert superlink[superlink.index("--host") + 1] == "127.0.0.1" and superlink[superlink.index("--port") + 1] == str(link)
+    assert superlink[superlink.index("--host") + 1] == "127.0.0.1" and superlink[superlink.index("--port") + 1] == str(
+        link
+    )
     node0 = deployment.native["supernode-0"].argv
     assert node0[node0.index("--superlink") + 1] == f"127.0.0.1:{link}"
     assert f"data-dir='{tmp_path / 'volumes' / 'party-0-data'}'" in node0[node0.index("--node-config") + 1]
     apps0 = deployment.native["superexec-clientapp-0"].argv
-    assert apps0[apps0.index("--runtime-api-address") + 1] == f"127.0.0.1:{deployment.translator.port('supernode-0', 9094)}"
+    assert (
+        apps0[apps0.index("--runtime-api-address") + 1]
+        == f"127.0.0.1:{deployment.translator.port('supernode-0', 9094)}"
+    )
     assert f"localhost:{link}/health" in deployment.native["superlink"].health[-1]
     ports = list(deployment.translator.ports.values())
     assert len(ports) == len(set(ports)) == 1 + 1 + 2 * 2  # superlink, ServerApp SuperExec, two per party
@@ -177,7 +193,7 @@ def test_certificate_script_makes_one_chain_per_service_and_supernode_keys(tmp_p
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert set(names.get_values_for_type(x509.DNSName)) == {name, "localhost"}
         assert {str(ip) for ip in names.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "::1"}
-        assert cert.not_valid_after_utc > dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=300)
+        assert cert.not_valid_after_utc > dt.datetime.now(dt.UTC) + dt.timedelta(days=300)
         assert stat.S_IMODE((tmp_path / f"{name}.key").stat().st_mode) == 0o600
     lines = (tmp_path / "supernodes.pub").read_text().splitlines()
     assert [line.split()[2] for line in lines] == nodes
@@ -192,24 +208,28 @@ def test_under_tls_each_container_mounts_only_its_own_secrets():
     services = compose_config([COMPOSE, TLS_OVERLAY])["services"]
     for name, spec in services.items():
         secrets = {Path(v.split(":")[0]).name for v in spec.get("volumes", []) if v.split(":")[0].endswith("key")}
-        own = {"superlink": {"superlink.key"}}.get(name, {f"{name}.key", f"{name}.auth-key"} if name.startswith("supernode-") else set())
+        own = {"superlink": {"superlink.key"}}.get(
+            name, {f"{name}.key", f"{name}.auth-key"} if name.startswith("supernode-") else set()
+        )
         assert secrets == own, name
 
 
 # ------------------------------------------------------------------------------- README
-def _readme_deployment() -> str:
-    text = (REPO / "README.md").read_text()
+def _deployment_doc() -> str:
+    """The "## Deployment" section of docs/deployment.md (moved there from the README), up to the next
+    second-level heading."""
+    text = (REPO / "docs" / "deployment.md").read_text()
     start = text.index("## Deployment")
     end = text.find("\n## ", start + 1)
     return text[start : end if end > 0 else None]
 
 
 def test_readme_gives_the_commands_the_tests_use():
-    section = _readme_deployment()
+    section = _deployment_doc()
     validate = "docker-compose -f docker-compose.yml -f docker-compose.tls.yml config -q"
     compose_config([COMPOSE, TLS_OVERLAY])  # fails clearly when docker-compose is missing
     assert subprocess.run(validate.split(), cwd=REPO).returncode == 0
-    run_config = _config_arg(DEMO_RUN_CONFIG)
+    run_config = config_arg(DEMO_RUN_CONFIG)
     for command in (
         "docker compose build",
         "docker compose up -d",
@@ -244,6 +264,7 @@ def _assert_smoke(summary: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.sim
 def test_two_party_deployment_smoke(tmp_path):
     summary = smoke(tls=False, parties=2, workdir=tmp_path)
     _assert_smoke(summary)
@@ -252,6 +273,7 @@ def test_two_party_deployment_smoke(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.sim
 def test_two_party_deployment_smoke_over_tls_with_supernode_auth(tmp_path):
     summary = smoke(tls=True, parties=2, workdir=tmp_path)
     _assert_smoke(summary)
@@ -284,6 +306,7 @@ def _kill_when(deployment: Deployment, service: str, marker: str):
 
 
 @pytest.mark.slow
+@pytest.mark.sim
 def test_a_supernode_killed_mid_fedprox_drops_out_and_the_run_completes(tmp_path):
     """Three parties, min-parties 2 (the schema's floor): party 2's SuperNode dies in round 2."""
     with Deployment([COMPOSE], parties=3, workdir=tmp_path) as deployment:
@@ -299,12 +322,13 @@ def test_a_supernode_killed_mid_fedprox_drops_out_and_the_run_completes(tmp_path
     assert prox["dropped"] and {record["party"] for record in prox["dropped"]} == {2}
     first = prox["dropped"][0]
     assert first["round"] == 2 and "Node Unavailable" in first["reason"]
-    dropped_at = dt.datetime.strptime(first["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    dropped_at = dt.datetime.strptime(first["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     assert dropped_at.timestamp() >= int(killed["at"])
     assert deployment.alive() == []
 
 
 @pytest.mark.slow
+@pytest.mark.sim
 def test_a_run_that_falls_below_min_parties_ends_with_a_clear_error(tmp_path):
     """Two parties, min-parties 2: party 1's SuperNode dies in round 2; the run fails, it does not hang."""
     with Deployment([COMPOSE], parties=2, workdir=tmp_path) as deployment:
@@ -321,6 +345,7 @@ def test_a_run_that_falls_below_min_parties_ends_with_a_clear_error(tmp_path):
 
 # --------------------------------------------------------------------- data volumes, slow
 @pytest.mark.slow
+@pytest.mark.sim
 def test_each_party_reads_only_its_own_data_volume(tmp_path, data_dir):
     """Party 0's volume holds a small MNIST slice and party 1's is empty: party 0 encodes and
     uploads from its own volume, party 1 looks in its own (the data-dir of its --node-config) and
@@ -330,8 +355,13 @@ def test_each_party_reads_only_its_own_data_volume(tmp_path, data_dir):
     with np.load(Path(data_dir) / "mnist.npz") as full:
         np.savez(volumes / "party-0-data" / "mnist.npz", x_train=full["x_train"][:600], y_train=full["y_train"][:600])
     config = {
-        "preset": "configs/quickstart.yaml", "strategies": "mixup-union", "dataset": "mnist", "partitioner": "iid",
-        "data-dir": "/data", "epochs": 1, "runs-dir": "/app/runs",
+        "preset": "configs/quickstart.yaml",
+        "strategies": "mixup-union",
+        "dataset": "mnist",
+        "partitioner": "iid",
+        "data-dir": "/data",
+        "epochs": 1,
+        "runs-dir": "/app/runs",
     }
     with Deployment([COMPOSE], parties=2, workdir=tmp_path) as deployment:
         run = deployment.flwr_run(config, timeout=600)

@@ -17,7 +17,7 @@ from fedsmix.encoders import (
     snr_bound,
 )
 from fedsmix.metrics import theorem41_T
-from fedsmix.pipeline import encode_partition, load_partition
+from fedsmix.party import encode_partition, load_partition
 
 
 def gen(seed=0):

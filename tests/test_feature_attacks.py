@@ -16,17 +16,18 @@ import pytest
 import torch
 import torchvision
 
+from commands.cli import main as fedsmix_main
+from commands.simulate import simulate
 from fedsmix import data as datalib
 from fedsmix import features
-from fedsmix.cli import main as fedsmix_main
 from fedsmix.config import load_settings
 from fedsmix.encoders import singularized_mixup
-from fedsmix.pipeline import calibrate_party
+from fedsmix.party import calibrate_party
 from server.adversary.base import Observation
-from server.adversary.cases import build_attacks, observation, public_samples, valid_bounds
+from server.adversary.cases import public_samples, valid_bounds
 from server.adversary.mmse import SMALL_CYCLE, GaussianPrior, MMSEAttack
+from server.adversary.registry import build_attacks
 from server.adversary.sweep import run_sweep, victim_partition
-from server.simulate import simulate
 
 PUBLIC = 300
 
@@ -112,7 +113,7 @@ def test_attacks_clamp_estimates_to_the_feature_box():
     prior = GaussianPrior.fit(torch.rand(500, 24, generator=g).pow(3) * 6, rank=4)
     free = Observation(enc.x, 200, enc.weights, enc.sources, 30.0)
     boxed = Observation(enc.x, 200, enc.weights, enc.sources, 30.0, lo=box[0], hi=box[1])
-    for attack in (MMSEAttack(prior), build_attacks(["linear"], load_settings({}), None, "cpu")[0]["linear"]):
+    for attack in (MMSEAttack(prior), build_attacks(["linear"], load_settings({}), None)[0]["linear"]):
         unclamped, clamped = attack.reconstruct(free), attack.reconstruct(boxed)
         assert float(unclamped.min()) < 0  # the noise pushes estimates out of the box...
         assert float(clamped.min()) >= 0 and float(clamped.max()) <= 6  # ...and the attack knows the box
@@ -216,7 +217,7 @@ def test_attack_command_with_the_table4_preset_attacks_its_feature_space(tmp_pat
             "--device", "cpu", "--out", str(tmp_path)]
     assert fedsmix_main(argv) == 0
     assert [c[0].radius_mode for c in calls] == ["pixel-mapped", "theorem"]
-    for settings, taus, attacks, victims, device, split, parties in calls:
+    for settings, taus, attacks, victims, device, _split, parties in calls:
         assert (settings.dataset, settings.backbone, settings.image_size) == ("cifar10", "efficientnet-lite0", 64)
         assert (settings.partitioner, settings.dirichlet_alpha, settings.alpha) == ("dirichlet", 0.5, 0.7)
         assert features.input_size(settings) == 64  # the size the cached features were extracted at
@@ -225,6 +226,7 @@ def test_attack_command_with_the_table4_preset_attacks_its_feature_space(tmp_pat
     assert (tmp_path / "tables.md").read_text() == "table pixel-mapped\n\ntable theorem\n"
 
 
+@pytest.mark.sim
 def test_serverapp_attacks_feature_uploads_in_feature_space(feature_overrides, runs_dir):
     """Two parties mix digits features at tau = 1; the server attacks the stored feature uploads with
     a prior and trivial guess from public features, and reports SNR in feature space."""

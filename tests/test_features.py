@@ -13,8 +13,9 @@ from fedsmix import data as datalib
 from fedsmix import features
 from fedsmix.config import load_settings
 from fedsmix.encoders import data_statistics, noise_multiplier, sample_sphere, snr_bound
-from fedsmix.pipeline import calibrate_party, encode_partition, load_partition, load_test
+from fedsmix.party import calibrate_party, encode_partition, load_partition
 from fedsmix.seeding import generator
+from fedsmix.space import load_test
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from fedsmix.launch import flower_env, flwr_run, free_port, superlink_pids
+from commands.launch import flower_env, flwr_run, free_port, superlink_pids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sim]
 
 
 def _run(tmp_path, overrides, parties):

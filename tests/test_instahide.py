@@ -7,7 +7,8 @@ import torch
 from fedsmix import data
 from fedsmix.config import SettingsError, load_settings
 from fedsmix.encoders import EncoderParams, encode, instahide, mixup
-from fedsmix.pipeline import encode_partition, load_partition, load_public_pool
+from fedsmix.party import encode_partition, load_partition
+from fedsmix.space import load_public_pool
 
 
 def gen(seed=0):

@@ -11,7 +11,7 @@ from fedsmix import data
 from fedsmix.config import load_settings
 from fedsmix.encoders import EncoderParams, calibrate, data_statistics, encode
 from fedsmix.metrics import snr_db
-from fedsmix.pipeline import load_public_pool
+from fedsmix.space import load_public_pool
 from server.adversary import Observation
 from server.adversary.abs_solve import AbsSolve, recover_signs
 from server.adversary.averaging import Averaging

@@ -8,19 +8,39 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 from clients.app import app as client_app
 from fedsmix.config import load_settings
-from fedsmix.pipeline import load_partition
+from fedsmix.party import load_partition
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 AGREED_METRICS = {
-    "party", "num-examples", "tau", "alpha", "radius", "m-f", "D", "V", "c", "snr-bound", "snr-empirical", "encode-seconds",
+    "party",
+    "num-examples",
+    "tau",
+    "alpha",
+    "radius",
+    "m-f",
+    "D",
+    "V",
+    "c",
+    "snr-bound",
+    "snr-empirical",
+    "encode-seconds",
 }
 
 
-
 def encode_reply(settings, party=0, parties=3) -> Message:
-    msg = Message(RecordDict({"config": ConfigRecord({"settings": settings.to_json()})}), dst_node_id=7, message_type="query.encode")
-    context = Context(run_id=1, node_id=7, node_config={"partition-id": party, "num-partitions": parties}, state=RecordDict(), run_config={})
+    msg = Message(
+        RecordDict({"config": ConfigRecord({"settings": settings.to_json()})}),
+        dst_node_id=7,
+        message_type="query.encode",
+    )
+    context = Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": party, "num-partitions": parties},
+        state=RecordDict(),
+        run_config={},
+    )
     return client_app(msg, context)
 
 

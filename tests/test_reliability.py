@@ -16,9 +16,11 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from rich.console import Console
 
 from clients.app import app as client_app
+from commands.simulate import simulate
 from fedsmix.config import load_settings
 from server.results import render
-from server.simulate import simulate
+
+pytestmark = pytest.mark.sim  # every test here starts Ray
 
 PARTIES = 3
 BASE = {
@@ -114,7 +116,10 @@ def test_resume_reverifies_uploads_and_asks_only_for_the_damaged_one(baseline, t
 
 def test_resume_refuses_other_settings(baseline):
     with pytest.raises(Exception, match=r"resume: .* other settings \(epochs: 4 -> 5"):
-        simulate({**BASE, "epochs": 5, "runs-dir": str(Path(baseline["run-dir"]).parent), "resume": "latest"}, num_parties=PARTIES)
+        simulate(
+            {**BASE, "epochs": 5, "runs-dir": str(Path(baseline["run-dir"]).parent), "resume": "latest"},
+            num_parties=PARTIES,
+        )
 
 
 def test_a_party_that_times_out_is_dropped_in_every_strategy(runs_dir):
@@ -150,7 +155,9 @@ def test_a_party_that_times_out_is_dropped_in_every_strategy(runs_dir):
 
 def ask(message_type: str, config: dict, party: int = 1) -> Message:
     msg = Message(RecordDict({"config": ConfigRecord(config)}), dst_node_id=7, message_type=message_type)
-    context = Context(run_id=1, node_id=7, node_config={"partition-id": party, "num-partitions": 3}, state=RecordDict(), run_config={})
+    context = Context(
+        run_id=1, node_id=7, node_config={"partition-id": party, "num-partitions": 3}, state=RecordDict(), run_config={}
+    )
     return client_app(msg, context)
 
 
@@ -178,7 +185,9 @@ def test_pushed_messages_name_their_node_for_the_superlinks_stand_in_replies(tas
             return [f"id-{msg.metadata.dst_node_id}" for msg in messages]
 
     config = ConfigRecord({"settings": "{}"})
-    messages = [Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.encode") for node in (11, 12)]
+    messages = [
+        Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.encode") for node in (11, 12)
+    ]
     to_node, from_node, destinations = defaultdict(int), defaultdict(int), {}
     ids = CountingGrid(PushOnly(), to_node, from_node, destinations).push_messages(messages)
     assert ids == ["id-11", "id-12"]

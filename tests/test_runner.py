@@ -10,16 +10,23 @@ import torch
 import torchvision
 import yaml
 
-from fedsmix import runner
+from commands.grid import plan as grid_plan
+from commands.grid import run as grid_run
+from commands.grid.run import GridRun
 from fedsmix.config import Settings, SettingsError, load_settings, settings_from_flower
 
 
 def test_table4_preset_becomes_run_configs():
-    plan = runner.make_plan("configs/table4-cifar10.yaml")
+    plan = grid_plan.make_plan("configs/table4-cifar10.yaml")
     assert plan.axes == {"parties": [10, 20, 30], "seed": [0], "radius-mode": ["theorem", "pixel-mapped"]}
     assert len(plan.cells) == 6
     settings = load_settings({**plan.base, **plan.cells[1].overrides()})
-    assert (settings.dataset, settings.backbone, settings.tau, settings.partitioner) == ("cifar10", "efficientnet-lite0", 1e-6, "dirichlet")
+    assert (settings.dataset, settings.backbone, settings.tau, settings.partitioner) == (
+        "cifar10",
+        "efficientnet-lite0",
+        1e-6,
+        "dirichlet",
+    )
     assert settings.radius_mode == "pixel-mapped"
     assert set(settings.strategies) == {"local-only", "fedavg", "fedprox", "mixup-union", "centralized"}
     # what Flower hands the ServerApp (pyproject defaults fused with the overrides) gives the same settings
@@ -27,20 +34,26 @@ def test_table4_preset_becomes_run_configs():
     assert settings_from_flower(Settings().to_run_config() | overrides, overrides) == settings
     # reuse: the baselines run once per party count, the centralised bound once, mixup-union in every cell
     schedule = {cell.id: todo for cell, todo in plan.schedule()}
-    assert schedule["p10_seed=0_radius-mode=theorem"] == ["local-only", "fedavg", "fedprox", "mixup-union", "centralized"]
+    assert schedule["p10_seed=0_radius-mode=theorem"] == [
+        "local-only",
+        "fedavg",
+        "fedprox",
+        "mixup-union",
+        "centralized",
+    ]
     assert schedule["p10_seed=0_radius-mode=pixel-mapped"] == ["mixup-union"]
     assert schedule["p30_seed=0_radius-mode=theorem"] == ["local-only", "fedavg", "fedprox", "mixup-union"]
 
 
 def test_overrides_beat_the_preset_and_bad_axes_name_the_key():
-    plan = runner.make_plan("configs/tau-sweep-cifar10.yaml", sets={"tau": 0.5, "epochs": 2}, axes={"parties": [3]})
+    plan = grid_plan.make_plan("configs/tau-sweep-cifar10.yaml", sets={"tau": 0.5, "epochs": 2}, axes={"parties": [3]})
     assert "tau" not in plan.axes and plan.axes["parties"] == [3]  # --set fixes an axis everywhere
     assert len(plan.cells) == 2 and all(load_settings({**plan.base, **c.overrides()}).tau == 0.5 for c in plan.cells)
     assert load_settings(plan.base).epochs == 2
     with pytest.raises(SettingsError, match="tua"):
-        runner.make_plan("configs/table4-cifar10.yaml", axes={"tua": [1]})
+        grid_plan.make_plan("configs/table4-cifar10.yaml", axes={"tua": [1]})
     with pytest.raises(SettingsError, match="radius"):  # fixed mode without a radius fails before anything runs
-        runner.make_plan("configs/table4-cifar10.yaml", axes={"radius-mode": ["fixed"]})
+        grid_plan.make_plan("configs/table4-cifar10.yaml", axes={"radius-mode": ["fixed"]})
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +65,17 @@ def tiny_preset(tmp_path_factory, data_dir):
     torch.save(torchvision.models.resnet18(weights=None).state_dict(), weights)
     preset = {
         "strategies": "mixup-union,local-only,fedprox",
-        "dataset": "digits", "backbone": "resnet18", "weights-path": str(weights), "image-size": 16,
-        "feature-cache-dir": str(root / "features"), "partitioner": "iid", "tau": 1.0,
-        "epochs": 3, "rounds": 2, "proximal-mu": 0.1, "device": "cpu",
+        "dataset": "digits",
+        "backbone": "resnet18",
+        "weights-path": str(weights),
+        "image-size": 16,
+        "feature-cache-dir": str(root / "features"),
+        "partitioner": "iid",
+        "tau": 1.0,
+        "epochs": 3,
+        "rounds": 2,
+        "proximal-mu": 0.1,
+        "device": "cpu",
         "grid": {"parties": [2, 3], "radius-mode": ["theorem", "pixel-mapped"]},
     }
     path = root / "tiny.yaml"
@@ -65,8 +86,8 @@ def tiny_preset(tmp_path_factory, data_dir):
 @pytest.fixture(scope="module")
 def direct_grid(tiny_preset, tmp_path_factory):
     out = tmp_path_factory.mktemp("direct")
-    plan = runner.make_plan(str(tiny_preset))
-    runner.GridRun(plan, out, engine="direct").run()
+    plan = grid_plan.make_plan(str(tiny_preset))
+    GridRun(plan, out, engine="direct").run()
     return plan, out
 
 
@@ -97,19 +118,44 @@ def test_resume_runs_nothing_twice(direct_grid, monkeypatch):
     def no_run(*args, **kwargs):
         raise AssertionError("a finished cell ran again")
 
-    monkeypatch.setattr(runner, "run_cell", no_run)
-    runner.GridRun(plan, out).run()
+    monkeypatch.setattr(grid_run, "run_cell", no_run)
+    GridRun(plan, out).run()
 
 
+def test_a_failed_cell_is_recorded_as_failed_and_retried_on_resume(tiny_preset, tmp_path, monkeypatch):
+    plan = grid_plan.make_plan(str(tiny_preset), axes={"parties": [2], "radius-mode": ["theorem"]})
+    real_run_cell, calls = grid_run.run_cell, []
+
+    def flaky(overrides, parties, engine, runs_dir):
+        calls.append(overrides["strategies"])
+        if len(calls) == 1:  # the first attempt crashes before any result is written
+            return {"strategies": {}, "error": "RuntimeError: injected"}
+        return real_run_cell(overrides, parties, engine, runs_dir)
+
+    monkeypatch.setattr(grid_run, "run_cell", flaky)
+    GridRun(plan, tmp_path, engine="direct").run()
+    state = json.loads((tmp_path / "grid.json").read_text())
+    assert state["results"] == {} and len(state["failed"]) == 3  # nothing recorded as done
+    assert "failed" in (tmp_path / "table.md").read_text()
+    GridRun(plan, tmp_path, engine="direct").run()  # --resume: the failed strategies run again
+    state = json.loads((tmp_path / "grid.json").read_text())
+    assert calls == ["mixup-union,local-only,fedprox"] * 2
+    assert state["failed"] == {} and len(state["results"]) == 3
+    assert all(r["accuracy"] > 0.2 for r in state["results"].values())
+
+
+@pytest.mark.sim
 def test_flower_simulation_matches_the_direct_engine(tiny_preset, direct_grid, tmp_path):
     """One cell through Flower (2 parties: mixup-union, local-only, FedProx on features) against `direct`."""
-    plan = runner.make_plan(str(tiny_preset), axes={"parties": [2], "radius-mode": ["pixel-mapped"]})
-    runner.GridRun(plan, tmp_path, engine="simulate").run()
+    plan = grid_plan.make_plan(str(tiny_preset), axes={"parties": [2], "radius-mode": ["pixel-mapped"]})
+    GridRun(plan, tmp_path, engine="simulate").run()
     results = json.loads((tmp_path / "cells" / plan.cells[0].id / "latest" / "results.json").read_text())
     assert results["strategies"]["mixup-union"]["radius-mode"] == "pixel-mapped"
     assert [p["round"] for p in results["strategies"]["fedprox"]["curve"]] == [0, 1, 2]
     sim = {r["strategy"]: r for r in csv.DictReader((tmp_path / "table.csv").open())}
-    direct = {r["strategy"]: r for r in csv.DictReader((direct_grid[1] / "table.csv").open()) if r["cell"] == plan.cells[0].id}
+    direct = {
+        r["strategy"]: r for r in csv.DictReader((direct_grid[1] / "table.csv").open()) if r["cell"] == plan.cells[0].id
+    }
     for col in ("radius-mean", "D-mean", "c-mean", "snr-bound-max", "snr-empirical-mean"):
         # calibration is a pure function of the party's data and seeds, wherever it runs
         assert float(direct["mixup-union"][col]) == pytest.approx(float(sim["mixup-union"][col]), rel=1e-5), col
@@ -117,4 +163,6 @@ def test_flower_simulation_matches_the_direct_engine(tiny_preset, direct_grid, t
     assert float(sim["mixup-union"]["bytes-up-per-party"]) >= float(direct["mixup-union"]["bytes-up-per-party"]) > 0
     for strategy in ("mixup-union", "local-only", "fedprox"):
         # training may differ by thread count (Ray workers use one); 360 test images, a few may flip
-        assert float(direct[strategy]["accuracy"]) == pytest.approx(float(sim[strategy]["accuracy"]), abs=0.05), strategy
+        assert float(direct[strategy]["accuracy"]) == pytest.approx(float(sim[strategy]["accuracy"]), abs=0.05), (
+            strategy
+        )

@@ -14,9 +14,10 @@ from flwr.simulation.app import _run_simulation_settings
 from flwr.supercore.utils import simulation_config_from_json
 
 from clients.app import app as client_app
-from fedsmix import cli, device, launch
+from commands import cli, launch
+from commands.federation import FLOWER_KEYS, backend_config, federation_config, flower_part
+from fedsmix import device
 from fedsmix.config import SettingsError, load_settings
-from fedsmix.federation import FLOWER_KEYS, backend_config, federation_config, flower_part
 from server.context import RunContext
 from server.store import UploadStore
 from server.validation import validate_upload
@@ -56,11 +57,21 @@ def test_preset_and_flags_reach_flowers_backend_config(gpu_preset, monkeypatch):
         return launch.FlowerRun(1, "finished:completed", 0, "")
 
     monkeypatch.setattr(launch, "flwr_run", fake_flwr_run)
-    code = cli.main(["run", "--preset", gpu_preset, "--federation", "client-resources-num-gpus=0.5", "--federation", "ray-address=10.0.0.1:6379"])
+    code = cli.main(
+        [
+            "run",
+            "--preset",
+            gpu_preset,
+            "--federation",
+            "client-resources-num-gpus=0.5",
+            "--federation",
+            "ray-address=10.0.0.1:6379",
+        ]
+    )
     assert code == 0
     assert captured["parties"] == 30  # from the preset's block: no --parties given
     assert captured["environment"] == {"RAY_ADDRESS": "10.0.0.1:6379"}  # ours, not Flower's key
-    argument = launch._config_arg({**captured["federation"], "num-supernodes": captured["parties"]})
+    argument = launch.config_arg({**captured["federation"], "num-supernodes": captured["parties"]})
     config = flower_backend(argument)
     assert config["client_resources"] == {"num_cpus": 2, "num_gpus": 0.5}  # the flag beat the preset's 0.25
     assert config["init_args"] == {"num_gpus": 1}
@@ -69,7 +80,7 @@ def test_preset_and_flags_reach_flowers_backend_config(gpu_preset, monkeypatch):
 def test_in_process_simulation_maps_resources_as_flower_does(gpu_preset):
     federation = federation_config(gpu_preset)
     ours = backend_config(federation)
-    theirs = flower_backend(launch._config_arg(flower_part(federation)))
+    theirs = flower_backend(launch.config_arg(flower_part(federation)))
     assert ours == theirs
     assert backend_config({"ray-address": "auto"})["init_args"] == {"address": "auto"}
 
@@ -98,8 +109,18 @@ def test_device_falls_back_to_cpu(monkeypatch):
 
 
 def encode_reply(settings, party=0, parties=3) -> Message:
-    msg = Message(RecordDict({"config": ConfigRecord({"settings": settings.to_json()})}), dst_node_id=7, message_type="query.encode")
-    context = Context(run_id=1, node_id=7, node_config={"partition-id": party, "num-partitions": parties}, state=RecordDict(), run_config={})
+    msg = Message(
+        RecordDict({"config": ConfigRecord({"settings": settings.to_json()})}),
+        dst_node_id=7,
+        message_type="query.encode",
+    )
+    context = Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": party, "num-partitions": parties},
+        state=RecordDict(),
+        run_config={},
+    )
     return client_app(msg, context)
 
 
@@ -124,7 +145,9 @@ def test_float16_uploads_round_trip_within_half_an_ulp(tmp_path):
 
 
 def test_float16_refuses_values_it_cannot_hold():
-    settings = load_settings({"preset": "configs/quickstart.yaml", "upload-dtype": "float16", "radius-mode": "fixed", "radius": 1e7})
+    settings = load_settings(
+        {"preset": "configs/quickstart.yaml", "upload-dtype": "float16", "radius-mode": "fixed", "radius": 1e7}
+    )
     with pytest.raises(ValueError, match="upload-dtype float16: encoded values reach .* beyond float16's 65504"):
         encode_reply(settings)  # inside Flower, the party's error reply: it is dropped, not uploading Inf
 
@@ -137,7 +160,9 @@ def upload_reply(party: int, rows: int) -> Message:
     ins = Message(RecordDict({}), dst_node_id=100 + party, message_type="query.encode")
     x = np.random.default_rng(party).standard_normal((rows, 1, 8, 8), dtype=np.float32)
     upload = ArrayRecord({"x": Array(x), "y": Array(np.full((rows, 10), 0.1, np.float32))})
-    return Message(RecordDict({"upload": upload, "metrics": MetricRecord({"party": party, "num-examples": rows})}), reply_to=ins)
+    return Message(
+        RecordDict({"upload": upload, "metrics": MetricRecord({"party": party, "num-examples": rows})}), reply_to=ins
+    )
 
 
 def peak_while_collecting(tmp_path, parties: int, rows: int) -> float:

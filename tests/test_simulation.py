@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from clients.faults import CORRUPTIONS
-from server.simulate import simulate
+from commands.simulate import simulate
+from fedsmix.faults import CORRUPTIONS
+
+pytestmark = pytest.mark.sim  # every test here starts Ray
 
 
 def test_two_parties_all_strategies(runs_dir):
@@ -72,9 +73,18 @@ def test_bad_uploads_are_rejected_and_the_run_goes_on(runs_dir):
     rejected = {r["party"]: r for r in mix["rejected"]}
     assert len(rejected) == len(kinds) >= 10
     expected_field = {
-        "nan": "upload.x", "inf": "upload.x", "shape": "upload.x", "dtype": "upload.x",
-        "negative-labels": "upload.y", "label-sum": "upload.y", "class-count": "upload.y", "empty": "upload.x",
-        "oversized": "upload", "missing-key": "upload.y", "extra-key": "upload", "count-mismatch": "metrics.num-examples",
+        "nan": "upload.x",
+        "inf": "upload.x",
+        "shape": "upload.x",
+        "dtype": "upload.x",
+        "negative-labels": "upload.y",
+        "label-sum": "upload.y",
+        "class-count": "upload.y",
+        "empty": "upload.x",
+        "oversized": "upload",
+        "missing-key": "upload.y",
+        "extra-key": "upload",
+        "count-mismatch": "metrics.num-examples",
     }
     for party, kind in enumerate(kinds, start=2):
         assert rejected[str(party)]["field"] == expected_field[kind], (kind, rejected[str(party)])
@@ -107,7 +117,13 @@ def test_failing_and_duplicate_parties(runs_dir):
 def test_too_few_parties_ends_with_a_clear_error(runs_dir):
     with pytest.raises(Exception, match="min-parties"):
         simulate(
-            {"preset": "configs/quickstart.yaml", "strategies": "mixup-union", "runs-dir": runs_dir, "fault": "raise:0", "epochs": 2},
+            {
+                "preset": "configs/quickstart.yaml",
+                "strategies": "mixup-union",
+                "runs-dir": runs_dir,
+                "fault": "raise:0",
+                "epochs": 2,
+            },
             num_parties=2,
         )
     results = json.loads((Path(runs_dir) / "latest" / "results.json").read_text())

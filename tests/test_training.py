@@ -32,7 +32,9 @@ def test_proximal_training_stays_closer_to_the_global_model():
     for mu in (0.0, 1.0):
         model = nn.Linear(10, 3)
         model.load_state_dict(start.state_dict())
-        cfg = TrainConfig(epochs=5, batch_size=32, lr=0.1, optimizer="sgd", cosine=False, proximal_mu=mu, weight_decay=0)
+        cfg = TrainConfig(
+            epochs=5, batch_size=32, lr=0.1, optimizer="sgd", cosine=False, proximal_mu=mu, weight_decay=0
+        )
         train(model, x, y, cfg, torch.Generator().manual_seed(0), proximal_reference=reference)
         distances[mu] = float(proximal_term(model, reference).detach())
     assert distances[1.0] < 0.5 * distances[0.0]
@@ -63,7 +65,16 @@ def test_resume_from_checkpoint_is_bit_identical(tmp_path):
     partial = fresh()
     torch.manual_seed(1)
     try:
-        train(partial, x, y, cfg, torch.Generator().manual_seed(0), checkpoint_path=ckpt, checkpoint_every=1, on_epoch=crash_after_3)
+        train(
+            partial,
+            x,
+            y,
+            cfg,
+            torch.Generator().manual_seed(0),
+            checkpoint_path=ckpt,
+            checkpoint_every=1,
+            on_epoch=crash_after_3,
+        )
     except Crash:
         pass
     torch.manual_seed(12345)  # the restarted process has other RNG state: the checkpoint must restore it

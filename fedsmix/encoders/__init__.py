@@ -7,7 +7,15 @@ from dataclasses import dataclass
 import torch
 
 from .base import Encoded, concat
-from .calibration import Calibration, DataStatistics, calibrate, data_statistics, fixed_radius, noise_multiplier, snr_bound
+from .calibration import (
+    Calibration,
+    DataStatistics,
+    calibrate,
+    data_statistics,
+    fixed_radius,
+    noise_multiplier,
+    snr_bound,
+)
 from .instahide import instahide
 from .mixup import mixup
 from .singularized import sample_permutation, sample_sphere, sample_weights, singularized_mixup

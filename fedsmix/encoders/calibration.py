@@ -50,12 +50,19 @@ def data_statistics(x: torch.Tensor, generator: torch.Generator, max_pairs: int 
     # pairs x d can be large: chunks through two reused buffers (fresh 100 MB temporaries per
     # chunk cost more in page faults than the arithmetic does)
     chunk = 512
-    left, right = torch.empty(chunk, flat.shape[1], dtype=flat.dtype), torch.empty(chunk, flat.shape[1], dtype=flat.dtype)
+    left, right = (
+        torch.empty(chunk, flat.shape[1], dtype=flat.dtype),
+        torch.empty(chunk, flat.shape[1], dtype=flat.dtype),
+    )
     D = 0.0
     for start in range(0, pairs, chunk):
         a, b = i[start : start + chunk], j[start : start + chunk]
         first = torch.index_select(flat, 0, a, out=left[: len(a)]).double()
-        D += torch.linalg.vector_norm(first.sub_(torch.index_select(flat, 0, b, out=right[: len(b)])), dim=1).sum().item()
+        D += (
+            torch.linalg.vector_norm(first.sub_(torch.index_select(flat, 0, b, out=right[: len(b)])), dim=1)
+            .sum()
+            .item()
+        )
     D /= pairs
     return DataStatistics(V=V, D=D, c=D * D / (2 * V) if V > 0 else 1.0, n=n)
 

@@ -82,4 +82,6 @@ def instahide(
         sources = torch.cat([private, torch.full((n, k - 2), -1, dtype=torch.long)], dim=1)
         public_sources = torch.cat([torch.full((n, 2), -1, dtype=torch.long), pub], dim=1)
     signs = sign_masks(tuple(mixed.shape), generator).to(mixed.dtype)
-    return Encoded(x=signs * mixed, y=y_enc, weights=weights, sources=sources, signs=signs, public_sources=public_sources)
+    return Encoded(
+        x=signs * mixed, y=y_enc, weights=weights, sources=sources, signs=signs, public_sources=public_sources
+    )

@@ -8,10 +8,19 @@ Leakage is therefore reported as the attack's gain over that guess.
 from __future__ import annotations
 
 import math
+import time
+import traceback
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import torch
 
 from fedsmix.metrics import Score, score, theorem41_bound
+
+from .base import Attack, Observation
+
+KNOWN_W = ("linear", "mmse")  # attacks Theorem 4.1's bound speaks about (they invert W)
 
 
 def trivial_guess(public_mean: torch.Tensor, n: int) -> torch.Tensor:
@@ -95,7 +104,106 @@ def theorem41(x, x_hat, weights, perm, radius, rows=None) -> dict[str, float | N
     return theorem41_summary(theorem41_samples(x, x_hat, weights, perm, radius, rows))
 
 
+@dataclass
+class Outcome:
+    """Every attack on every case, pooled over the cases, scored beside the trivial guess."""
+
+    summary: dict  # leakage() of the pooled victims, theorem41, victims
+    truth: torch.Tensor  # the pooled victims (cpu)
+    estimates: dict[str, torch.Tensor]  # per attack that ran on every case (cpu)
+    per_image: dict[str, dict[str, torch.Tensor]]
+    mixed: torch.Tensor | None = None  # the victims' uploaded rows, when the cases carry them
+    per_case: list[dict] = field(default_factory=list)  # leakage() per case (when asked for)
+    seconds: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # attack -> why it does not apply here
+    errors: dict[str, str] = field(default_factory=dict)  # attack -> traceback of a failure
+
+    def best(self) -> str | None:
+        """The strongest attack: the highest mean SNR gain over the trivial guess (chosen with the
+        ground truth, which is conservative for the defender)."""
+        attacks = self.summary.get("attacks", {})
+        gains = {name: entry.get("gain", {}).get("snr_db") for name, entry in attacks.items()}
+        gains = {name: g for name, g in gains.items() if g is not None}
+        return max(gains, key=gains.get) if gains else None
+
+
+def attack_cases(cases: Iterable, attacks: dict[str, Attack], public_mean: torch.Tensor | None, to_unit=None,
+                 device: str = "cpu", per_case: bool = False) -> Outcome:
+    """The one attack-and-score loop (in-run adversary, tau sweep, frontier).
+
+    Each attack reconstructs each case's observation; its rows are picked (and aligned, for batch
+    reconstructions), pooled over the cases and scored with `leakage` against the trivial guess.
+    An attack that does not apply raises ValueError and is listed in `skipped`; one that fails is
+    listed in `errors` with its traceback and the others go on.
+    """
+    pooled: dict[str, list[torch.Tensor]] = defaultdict(list)
+    t41: dict[str, list[dict]] = defaultdict(list)
+    seconds: dict[str, float] = dict.fromkeys(attacks, 0.0)
+    skipped: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    reports: list[dict] = []
+    for case in cases:
+        obs = case.observation.to(device) if isinstance(case.observation, Observation) else case.observation
+        truth = case.truth.float()
+        estimates = {}
+        for name, attack in attacks.items():
+            if name in errors or name in skipped:
+                continue
+            started = time.perf_counter()
+            try:
+                estimate = attack.reconstruct(obs)[case.rows.to(device) if isinstance(obs, Observation) else case.rows]
+                estimate = estimate.detach().cpu().float()
+                if case.align is not None:
+                    estimate = case.align(truth, estimate)
+                estimates[name] = estimate
+            except ValueError as err:  # the attack does not apply to this encoder or shape
+                skipped[name] = str(err)
+            except Exception as err:  # a failing attack must not cost the others their results
+                errors[name] = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
+            seconds[name] += time.perf_counter() - started
+        if per_case:
+            report, _ = leakage(truth.to(device), estimates, public_mean, to_unit)
+            report["seconds"] = {name: seconds[name] for name in estimates}
+            reports.append(report)
+        if case.weights is not None:
+            for name in KNOWN_W:
+                if name in estimates:
+                    samples = theorem41_samples(truth, estimates[name], case.weights, case.perm, case.radius, case.rows)
+                    t41[name].append(samples)
+                    if per_case:
+                        reports[-1].setdefault("theorem41", {})[name] = theorem41_summary(samples)
+        pooled["truth"].append(truth.cpu())
+        if case.mixed is not None:
+            pooled["mixed"].append(case.mixed.detach().cpu().float())
+        for name, estimate in estimates.items():
+            pooled[name].append(estimate)
+    truth = torch.cat(pooled.pop("truth")) if pooled.get("truth") else torch.empty(0)
+    mixed = torch.cat(pooled.pop("mixed")) if pooled.get("mixed") else None
+    complete = {  # attacks that ran on every case
+        name: torch.cat(pooled[name]) for name in attacks
+        if pooled.get(name) and sum(map(len, pooled[name])) == len(truth) > 0
+    }
+    summary, per_image = leakage(truth.to(device), complete, public_mean, to_unit) if len(truth) else ({}, {})
+    if len(truth):
+        summary["theorem41"] = {
+            name: theorem41_summary({k: torch.cat([p[k] for p in parts]) for k in ("bound", "error", "signal")})
+            for name, parts in t41.items() if name in complete
+        }
+        summary["victims"] = len(truth)
+    return Outcome(summary, truth, complete, per_image, mixed, reports, seconds, skipped, errors)
+
+
 __all__ = [
-    "Score", "gain", "leakage", "score", "score_with_baseline", "theorem41", "theorem41_samples", "theorem41_summary",
+    "KNOWN_W",
+    "Outcome",
+    "Score",
+    "attack_cases",
+    "gain",
+    "leakage",
+    "score",
+    "score_with_baseline",
+    "theorem41",
+    "theorem41_samples",
+    "theorem41_summary",
     "trivial_guess",
 ]

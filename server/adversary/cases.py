@@ -1,41 +1,51 @@
-"""Cases: what the server saw, plus what the threat model grants, as an `Observation`.
+"""Cases: what the server saw from one party, plus what the threat model grants, with the truth.
 
-Also the attacker's own knowledge: public data in the victims' space, pixels or backbone
-features (for the U-Net, the Gaussian prior and the trivial guess), the valid box, and the
-attacks themselves, built from the run settings.
+An upload becomes an `Observation` (the encodings as received; the pairing, weights and radius a
+simulation oracle replays for the strongest attacker); a FedAvg/FedProx round becomes a
+`GradientObservation` (the party's weight change, trained by the party's own code). Also the
+attacker's own knowledge: public data in the victims' space (pixels or backbone features) and
+the box every private sample lies in.
 """
 
 from __future__ import annotations
 
+import copy
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
 import torch
 
 from fedsmix import data as datalib
 from fedsmix.config import Settings
-from fedsmix.encoders import Encoded
-from fedsmix.pipeline import encoder_params, load_public_pool
+from fedsmix.encoders import Calibration, Encoded
+from fedsmix.models import new_classifier
+from fedsmix.party import Partition, train_local
+from fedsmix.space import load_public_pool
 
-from .base import Attack, Observation
-
-NEEDS_PUBLIC = ("mmse", "unet")
+from .base import GradientObservation, Observation
 
 
-def observation(enc: Encoded, radius: float, spec: datalib.DatasetSpec | None, x_tilde: torch.Tensor | None = None,
-                *, bounds: tuple[torch.Tensor | None, torch.Tensor | None] | None = None, **extras) -> Observation:
-    """The strongest threat model of the paper: W (weights and pairing) and r known.
+@dataclass
+class Case:
+    """One attacked observation and the ground truth of the rows that are scored.
 
-    x_tilde defaults to the encoder's output; the ServerApp passes the stored upload instead.
-    The valid box is `bounds` when given (see `valid_bounds`), else the pixel range of `spec`,
-    else none.
+    `rows` index the attack's reconstruction (all private samples of the observation); `truth`
+    holds the originals of those rows. `align(truth, estimate)` may reorder an estimate whose
+    order the attack cannot know (a batch reconstructed from a gradient). `weights`, `perm` and
+    `radius` feed Theorem 4.1's bound where the pairing is a derangement of two-image mixes.
     """
-    x = enc.x if x_tilde is None else x_tilde
-    if bounds is None:
-        bounds = datalib.valid_range(spec) if spec is not None else (None, None)
-    lo, hi = bounds
-    return Observation(
-        x_tilde=x.float(), n_private=int(enc.sources.max()) + 1, weights=enc.weights, sources=enc.sources,
-        radius=float(radius), public_sources=enc.public_sources, lo=lo, hi=hi,
-        extras={"masked": enc.signs is not None, **extras},
-    )
+
+    party: int
+    observation: Observation | GradientObservation
+    truth: torch.Tensor
+    rows: torch.Tensor
+    mixed: torch.Tensor | None = None  # the uploaded rows of the victims (figures)
+    weights: torch.Tensor | None = None
+    perm: torch.Tensor | None = None
+    radius: float | None = None
+    align: object | None = None
+    info: dict = field(default_factory=dict)
 
 
 def valid_bounds(settings: Settings, spec: datalib.DatasetSpec) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -60,29 +70,94 @@ def public_samples(settings: Settings, spec: datalib.DatasetSpec) -> torch.Tenso
     return pool[: settings.public_size] if settings.public_size else pool
 
 
-def build_attacks(names, settings: Settings, public: torch.Tensor | None, device: str, mmse_rank: int = 256,
-                  sample_shape: tuple[int, ...] = ()) -> tuple[dict[str, Attack], dict[str, str]]:
-    """The configured attacks, and for each one that cannot run here, why (never silently)."""
-    from .linear import LinearAttack, is_image
-    from .mmse import GaussianPrior, MMSEAttack
-    from .unet import UNetAttack
+def observation(enc: Encoded, radius: float | None, spec: datalib.DatasetSpec | None = None,
+                x_tilde: torch.Tensor | None = None, *,
+                bounds: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+                public: torch.Tensor | None = None, prior_mean: torch.Tensor | None = None, **extras) -> Observation:
+    """The strongest threat model of the paper: W (weights and pairing) and r known.
 
-    attacks, skipped = {}, {}
-    for name in names:
-        if name in NEEDS_PUBLIC and public is None:
-            skipped[name] = "needs public data in the mixing space"
-        elif name == "linear":
-            attacks[name] = LinearAttack(steps=settings.attack_steps)
-        elif name == "mmse":
-            attacks[name] = MMSEAttack(GaussianPrior.fit(public, rank=mmse_rank))
-        elif name == "unet":
-            if not is_image(sample_shape or tuple(public.shape[1:])):
-                skipped[name] = f"needs image-shaped samples (C, H, W), got {sample_shape}"
-                continue
-            attacks[name] = UNetAttack(
-                public, encoder_params(settings, 0.0), width=settings.unet_width, epochs=settings.unet_epochs,
-                train_size=settings.unet_train_size, seed=settings.seed, device=device,
-            )
-        else:
-            skipped[name] = "not implemented by this adversary (see server/adversary/)"
-    return attacks, skipped
+    x_tilde defaults to the encoder's output; the ServerApp passes the stored upload instead.
+    The valid box is `bounds` when given (see `valid_bounds`), else the pixel range of `spec`,
+    else none. `public` is the pool InstaHide's cross-dataset encodings drew from; `prior_mean`
+    the attacker's data-free guess (the public mean sample).
+    """
+    x = enc.x if x_tilde is None else x_tilde
+    if bounds is None:
+        bounds = datalib.valid_range(spec) if spec is not None else (None, None)
+    lo, hi = bounds
+    if prior_mean is not None:
+        extras["prior_mean"] = prior_mean
+    return Observation(
+        x_tilde=x.float(), n_private=int(enc.sources.max()) + 1, weights=enc.weights, sources=enc.sources,
+        radius=None if radius is None else float(radius), public=public, public_sources=enc.public_sources,
+        lo=lo, hi=hi, extras={"masked": enc.signs is not None, **extras},
+    )
+
+
+def upload_case(settings: Settings, part: Partition, enc: Encoded, calibration: Calibration, rows: torch.Tensor,
+                *, uploaded: np.ndarray | torch.Tensor | None = None,
+                bounds: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+                prior_mean: torch.Tensor | None = None, **extras) -> Case:
+    """A party's upload (as stored, when given; else as the encoder produced it, in the upload dtype)
+    with the secrets the oracle replayed, scored on `rows` of the party's samples."""
+    if uploaded is None:
+        dtype = torch.float16 if settings.upload_dtype == "float16" else torch.float32
+        x_tilde = enc.x.to(dtype).float()  # float16 uploads keep their precision for the attacks
+    else:
+        x_tilde = torch.as_tensor(np.asarray(uploaded, dtype=np.float32))
+    cross = settings.encoder == "instahide-cross"
+    obs = observation(
+        enc, calibration.radius if settings.encoder == "singularized" else None, x_tilde=x_tilde,
+        bounds=bounds if bounds is not None else valid_bounds(settings, part.spec),
+        public=load_public_pool(settings, part.spec) if cross else None, prior_mean=prior_mean,
+        party=part.party, tau=settings.tau, encoder=settings.encoder, **extras,
+    )
+    two_image = settings.encoder == "singularized" and enc.weights.shape[1] == 2 and settings.encodings_per_sample == 1
+    return Case(
+        party=part.party, observation=obs, truth=part.x[rows], rows=rows, mixed=x_tilde[rows],
+        weights=enc.weights if two_image else None, perm=enc.sources[:, 1] if two_image else None,
+        radius=calibration.radius if two_image else None,
+    )
+
+
+def update_case(settings: Settings, part: Partition, rows: torch.Tensor, *, proximal_mu: float, batch_size: int,
+                local_epochs: int, device: str = "cpu") -> Case:
+    """The party's first-round FedAvg/FedProx update on `rows` (a batch of its samples), trained by the
+    party's own `train_local`, with the labels known (the appendix's realistic setting)."""
+    client = settings.replace(batch_size=batch_size, local_epochs=local_epochs)
+    batch = part.subset(rows)
+    model = new_classifier(client, part.sample_shape, part.num_classes)  # round 1's global model
+    global_model = copy.deepcopy(model)
+    result = train_local(client, batch, model.state_dict(), mode="federated", server_round=1,
+                         proximal_mu=proximal_mu, device=device)
+    update = [
+        g.detach() - w.detach().cpu()
+        for g, w in zip(global_model.parameters(), result.model.parameters())
+        if g.requires_grad
+    ]
+    lo, hi = valid_bounds(settings, part.spec)
+    obs = GradientObservation(
+        model=global_model, update=update, labels=batch.labels, sample_shape=part.sample_shape,
+        batch_size=batch_size, local_steps=local_epochs * math.ceil(len(rows) / batch_size),
+        lr=client.client_lr, lo=lo, hi=hi,
+        weight_decay=client.weight_decay,
+    )
+    return Case(party=part.party, observation=obs, truth=batch.x, rows=torch.arange(len(rows)),
+                align=lambda truth, estimate: match_within_labels(truth, estimate, batch.labels),
+                info={"batch_size": batch_size, "local_steps": obs.local_steps})
+
+
+def match_within_labels(x: torch.Tensor, x_hat: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Order a batch's reconstructions like the truth: labels are known, so only images that share
+    a label can be confused; those are matched by least squared error (Hungarian)."""
+    from scipy.optimize import linear_sum_assignment
+
+    out = x_hat.clone()
+    for label in labels.unique():
+        rows = (labels == label).nonzero().squeeze(1)
+        if len(rows) < 2:
+            continue
+        cost = torch.cdist(x[rows].flatten(1).double(), x_hat[rows].flatten(1).double()).numpy()
+        _, cols = linear_sum_assignment(cost)
+        out[rows] = x_hat[rows[torch.from_numpy(cols)]]
+    return out

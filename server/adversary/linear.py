@@ -51,7 +51,9 @@ class LinearAttack(Attack):
         obs = observation
         check_known_mixing(obs, self.name)
         target = obs.x_tilde.float()
-        x_hat = torch.nn.Parameter(torch.zeros((obs.n_private, *obs.sample_shape), dtype=target.dtype, device=target.device))
+        x_hat = torch.nn.Parameter(
+            torch.zeros((obs.n_private, *obs.sample_shape), dtype=target.dtype, device=target.device)
+        )
         optimizer = torch.optim.Adam([x_hat], lr=self.lr)
         lo, hi = _bound(obs.lo, x_hat), _bound(obs.hi, x_hat)
         for _ in range(self.steps):
@@ -62,7 +64,9 @@ class LinearAttack(Attack):
                     x_hat.clamp_(lo, hi)
         return x_hat.detach()
 
-    def loss(self, x_hat: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+    def loss(
+        self, x_hat: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, sources: torch.Tensor
+    ) -> torch.Tensor:
         """The objective itself (autograd-friendly, unchunked): what `gradient` differentiates."""
         residual = _mix(x_hat, weights, sources) - target
         value = residual.pow(2).mean() + self.lambda_2 * x_hat.pow(2).mean()
@@ -72,7 +76,9 @@ class LinearAttack(Attack):
         return value
 
     @torch.no_grad()
-    def gradient(self, x_hat: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+    def gradient(
+        self, x_hat: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, sources: torch.Tensor
+    ) -> torch.Tensor:
         """d loss / d x_hat, accumulated over chunks of encodings and samples."""
         grad = x_hat.mul(2 * self.lambda_2 / x_hat.numel())
         scale = 2.0 / target.numel()

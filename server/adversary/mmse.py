@@ -93,7 +93,9 @@ class GaussianPrior:
         return (self.mean + inside + outside).reshape(n, *self.shape)
 
     def to(self, device) -> GaussianPrior:
-        return GaussianPrior(self.mean.to(device), self.basis.to(device), self.variances.to(device), self.residual, self.shape)
+        return GaussianPrior(
+            self.mean.to(device), self.basis.to(device), self.variances.to(device), self.residual, self.shape
+        )
 
 
 def permutation_of(obs: Observation, attack: str) -> torch.Tensor:
@@ -139,7 +141,9 @@ class MMSEAttack(Attack):
         perm = permutation_of(obs, self.name)
         n, d = obs.n_private, int(np.prod(obs.sample_shape))
         if d != self.prior.dim:
-            raise ValueError(f"{self.name}: prior has {self.prior.dim} dimensions, the samples {d} ({obs.sample_shape})")
+            raise ValueError(
+                f"{self.name}: prior has {self.prior.dim} dimensions, the samples {d} ({obs.sample_shape})"
+            )
         device = obs.x_tilde.device
         return perm, n, d, self.prior.to(device), obs.weights.to(device=device, dtype=torch.float64)
 
@@ -187,7 +191,9 @@ class MMSEAttack(Attack):
             idx = torch.from_numpy(cycle).to(device)
             size = len(cycle)
             W = torch.diag(w[idx, 0])
-            W[torch.arange(size), torch.roll(torch.arange(size), -1)] += w[idx, 1]  # row m mixes i_m and i_{m+1} = pi(i_m)
+            W[torch.arange(size), torch.roll(torch.arange(size), -1)] += w[
+                idx, 1
+            ]  # row m mixes i_m and i_{m+1} = pi(i_m)
             W_inv = torch.linalg.inv(W)
             C = (W_inv * noise_var[idx]) @ W_inv.T
             lam, U = torch.linalg.eigh((C + C.T) / 2)
@@ -195,7 +201,9 @@ class MMSEAttack(Attack):
             shrink = _ratio(gamma[None, :], lam[:, None])  # (L, k): gamma / (gamma + lambda)
             shrink_perp = _ratio(torch.tensor(gamma_perp, dtype=lam.dtype, device=device), lam)  # (L,)
             g_perp = torch.tensor(gamma_perp, dtype=lam.dtype, device=device)
-            per_direction = _posterior_var(gamma[None, :], lam[:, None]).sum(dim=1) + (d - k) * _posterior_var(g_perp, lam)
+            per_direction = _posterior_var(gamma[None, :], lam[:, None]).sum(dim=1) + (d - k) * _posterior_var(
+                g_perp, lam
+            )
             error[idx] = (U**2) @ per_direction
             if want_mean:
                 y = W_inv @ y0[idx]  # (L, d): X - mu + Z
@@ -205,12 +213,15 @@ class MMSEAttack(Attack):
                 outside_hat = U @ ((U.T @ outside) * shrink_perp[:, None])
                 mean[idx] = inside_hat @ prior.basis.T + outside_hat + prior.mean
         if mean is not None:
-            mean = mean.reshape(n, *obs.sample_shape).to(obs.x_tilde.dtype if obs.x_tilde.is_floating_point() else torch.float32)
+            mean = mean.reshape(n, *obs.sample_shape).to(
+                obs.x_tilde.dtype if obs.x_tilde.is_floating_point() else torch.float32
+            )
         return mean, error
 
 
-def _cycle_posterior_mean(g: float, w1: np.ndarray, w2: np.ndarray, noise_var: np.ndarray,
-                          obs: np.ndarray) -> np.ndarray:
+def _cycle_posterior_mean(
+    g: float, w1: np.ndarray, w2: np.ndarray, noise_var: np.ndarray, obs: np.ndarray
+) -> np.ndarray:
     """g W^T (g W W^T + N)^-1 obs for one cycle: W = diag(w1) + w2 on the cyclic superdiagonal
     (row m mixes the cycle's samples m and m + 1), N = diag(noise_var); obs is (L,) or (L, columns)."""
     if g <= 0:

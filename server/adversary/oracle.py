@@ -16,7 +16,7 @@ import torch
 
 from fedsmix.config import Settings
 from fedsmix.encoders import Calibration, Encoded
-from fedsmix.pipeline import Partition, encode_partition, load_partition
+from fedsmix.party import Partition, encode_partition, load_partition
 from server.store import UploadStore
 
 

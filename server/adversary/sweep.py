@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,15 +23,17 @@ from fedsmix import data as datalib
 from fedsmix.config import Settings, SettingsError
 from fedsmix.encoders import calibrate, data_statistics
 from fedsmix.metrics import score
-from fedsmix.pipeline import Partition, calibrate_party, encode_partition, load_partition, to_space
+from fedsmix.party import Partition, calibrate_party, encode_partition, load_partition
 from fedsmix.runs import atomic_write_bytes, atomic_write_json
 from fedsmix.seeding import generator
+from fedsmix.space import to_space
+from fedsmix.tables import markdown, pm, signed, write_csv
 
-from .analysis import leakage, theorem41_samples, theorem41_summary
-from .cases import build_attacks, observation, public_samples, valid_bounds
+from .analysis import attack_cases
+from .cases import public_samples, upload_case, valid_bounds
 from .figures import recovery_grid, stretched, unit_images
-from .runner import KNOWN_W, mixing_space, pick_victims
-from .tables import markdown, pm, signed, write_csv
+from .registry import build_attacks
+from .runner import mixing_space, pick_victims
 
 PAPER_TAUS = (1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
 # Table 1 (linear attack, 224 px) and Table 2 (U-Net, CIFAR-10), mean SNR in dB per tau above
@@ -126,7 +127,7 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
     public = public_samples(settings, spec)
     public_mean = public.mean(dim=0)
     t_build = time.perf_counter()
-    built, skipped = build_attacks(attacks, settings, public, device, mmse_rank, sample_shape=sample_shape)
+    built, skipped = build_attacks(attacks, settings, public, sample_shape, device=device, mmse_rank=mmse_rank)
     del public  # the prior and the U-Net keep what they need
     n_victims = sum(len(rows) for _, rows in cases)
     log(f"[{label}] {n_victims} victims {tuple(sample_shape)} from {len(cases)} partition(s); "
@@ -146,45 +147,41 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
         st = settings.replace(tau=tau)
         calibrations = [calibrate(stat, tau, st.alpha) if st.radius_mode == "theorem" else calibrate_party(st, part)
                         for stat, (part, _) in zip(stats, cases)]
-        seconds, training = dict.fromkeys(built, 0.0), {}
+        training = {}
+        unet_seconds = 0.0
         if "unet" in built:  # one U-Net per tau, at the parties' median radius (as the ServerApp's adversary)
             started = time.perf_counter()
             built["unet"].fit(float(np.median([c.radius for c in calibrations])))
-            training, seconds["unet"] = built["unet"].report, time.perf_counter() - started
-        pooled, t41 = defaultdict(list), defaultdict(list)
-        for (part, rows), calibration in zip(cases, calibrations):
-            enc, _ = encode_partition(st, part, calibration)
-            obs = observation(enc, calibration.radius, None, bounds=bounds, tau=tau).to(device)
-            picked = rows.to(device)
-            for name, attack in built.items():
-                started = time.perf_counter()
-                pooled[name].append(attack.reconstruct(obs)[picked])
-                seconds[name] += time.perf_counter() - started
-                if name in KNOWN_W:
-                    t41[name].append(theorem41_samples(part.x[rows], pooled[name][-1].cpu(), enc.weights,
-                                                       enc.sources[:, 1], calibration.radius, rows))
-            pooled["x"].append(part.x[rows])
-            pooled["mixed"].append(enc.x[rows])
-            del enc, obs
-        x = torch.cat(pooled.pop("x"))
-        mixed_x = torch.cat(pooled.pop("mixed"))
-        estimates = {name: torch.cat(pooled[name]) for name in built}
-        x_eval = x.to(device)  # scoring (SSIM at 224 px) runs where the attacks ran
-        report, per_image = leakage(x_eval, estimates, public_mean, to_unit)
-        mixed, _ = score(x_eval, mixed_x.to(device), to_unit)
+            training, unet_seconds = built["unet"].report, time.perf_counter() - started
+
+        def encoded_cases(st=st, calibrations=calibrations):  # one party at a time, dropped once attacked
+            for (part, rows), calibration in zip(cases, calibrations):
+                enc, _ = encode_partition(st, part, calibration)
+                yield upload_case(st, part, enc, calibration, rows, uploaded=enc.x, bounds=bounds,
+                                  prior_mean=public_mean)
+
+        outcome = attack_cases(encoded_cases(), built, public_mean, to_unit, device)
+        if outcome.errors:
+            raise RuntimeError(f"[{label}] tau={tau:g}: attacks failed: {outcome.errors}")
+        result["skipped"].update(outcome.skipped)
+        seconds = {name: outcome.seconds.get(name, 0.0) for name in built}
+        if "unet" in seconds:
+            seconds["unet"] += unet_seconds
+        x, mixed_x, estimates = outcome.truth, outcome.mixed, outcome.estimates
+        report = {k: v for k, v in outcome.summary.items() if k not in ("theorem41", "victims")}
+        mixed, _ = score(x.to(device), mixed_x.to(device), to_unit)
         record = {
             "tau": tau, **calibration_summary(calibrations, [part.party for part, _ in cases]),
             **report, "mixed": mixed.as_dict(), "seconds": seconds,
-            "theorem41": {n: theorem41_summary({k: torch.cat([t[k] for t in parts]) for k in ("bound", "error", "signal")})
-                          for n, parts in t41.items()},
+            "theorem41": outcome.summary.get("theorem41", {}),
             "paper": {"linear": paper_value(PAPER_LINEAR, settings.dataset, tau) if pixels else None,
                       "unet": paper_value(PAPER_UNET, settings.dataset, tau) if pixels else None},
         }
         if training:
             record["unet-training"] = training
         result["taus"].append(record)
-        for name in built:
-            best.setdefault(name, int(torch.argmax(per_image[name]["snr"])))
+        for name in estimates:
+            best.setdefault(name, int(torch.argmax(outcome.per_image[name]["snr"])))
             i = best[name]
             panels[name]["original"].append(x[i])
             panels[name]["mixed"].append(mixed_x[i])
@@ -193,7 +190,7 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
             + " ".join(f"{n}={e['score']['snr_mean']:.2f}dB({seconds[n]:.0f}s)" for n, e in report["attacks"].items())
             + (f" trivial={report['trivial']['snr_mean']:.2f}dB" if "trivial" in report else ""))
         atomic_write_json(out_dir / f"{label}-sweep.json", result)  # partial results survive a timeout
-        del estimates, pooled
+        del estimates, outcome
     result["files"] = write_sweep_tables(out_dir, result) + write_sweep_figures(out_dir, result, panels, best, to_unit)
     atomic_write_json(out_dir / f"{label}-sweep.json", result)
     return result
@@ -299,6 +296,7 @@ def write_sweep_figures(out_dir: Path, result: dict, panels: dict, best: dict, t
             "mixed (stretched)": stretched(torch.stack(rows["mixed"])),
             "recovered": unit_images(torch.stack(rows["recovered"]), to_unit),
         }
-        title = f"{result['dataset']}: {name} attack, victim {best[name]} (best recovered at τ={result['taus'][0]['tau']:g})"
+        first = result["taus"][0]["tau"]
+        title = f"{result['dataset']}: {name} attack, victim {best[name]} (best recovered at τ={first:g})"
         files.append(str(recovery_grid(out_dir / f"{result['label']}-{name}.png", columns, images, title)))
     return files

@@ -89,8 +89,14 @@ class UNetAttack(Attack):
         model.eval()
         self.model, self.radius = model, float(radius)
         self.report = {
-            "radius": float(radius), "width": self.width, "epochs": self.epochs, "train-size": len(inputs),
-            "batch-size": self.batch_size, "train-loss": losses, "fit-seconds": time.perf_counter() - t0, "device": self.device,
+            "radius": float(radius),
+            "width": self.width,
+            "epochs": self.epochs,
+            "train-size": len(inputs),
+            "batch-size": self.batch_size,
+            "train-loss": losses,
+            "fit-seconds": time.perf_counter() - t0,
+            "device": self.device,
         }
         return self
 
@@ -100,9 +106,10 @@ class UNetAttack(Attack):
             raise ValueError("unet: needs the radius (observation.radius) to encode its public training set")
         if self.model is None:  # callers attacking several parties fit once, at the radius they choose
             self.fit(obs.radius)
-        if obs.sources is not None and (obs.sources.shape[0] != obs.n_private or not torch.equal(
-            obs.sources[:, 0].cpu(), torch.arange(obs.n_private)
-        )):
+        if obs.sources is not None and (
+            obs.sources.shape[0] != obs.n_private
+            or not torch.equal(obs.sources[:, 0].cpu(), torch.arange(obs.n_private))
+        ):
             raise ValueError("unet: needs one encoding per private sample, led by that sample (sources[:, 0] = 0..n-1)")
         return self.predict(obs.x_tilde, obs.lo, obs.hi)
 

@@ -44,10 +44,9 @@ def parse_taus(text: str) -> list[float]:
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
-    from fedsmix.cli import _parse_sets
+    from commands.cli import parse_sets
     from fedsmix.device import select_device
-
-    from .sweep import run_sweep
+    from server.adversary.sweep import run_sweep
 
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     for name in attacks:
@@ -58,7 +57,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
         raise SettingsError(f"--parties: expected >= 0, got {args.parties}")
     if args.parties and args.split:
         raise SettingsError("--split: with --parties the victims are the parties' training rows; drop one of the two")
-    overrides = _parse_sets(args.set)
+    overrides = parse_sets(args.set)
     if args.preset:
         overrides["preset"] = args.preset
     for key, value in (("backbone", args.backbone), ("image-size", args.image_size)):
@@ -76,15 +75,27 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
         torch.backends.cudnn.benchmark = True  # fixed image sizes: let cuDNN pick its fastest convolutions
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    out = Path(args.out) if args.out else Path(first.runs_dir).expanduser() / "attacks" / f"{stamp}-{'-'.join(datasets)}"
+    out = (
+        Path(args.out) if args.out else Path(first.runs_dir).expanduser() / "attacks" / f"{stamp}-{'-'.join(datasets)}"
+    )
     if not out.is_absolute() and not args.out:
         out = PROJECT_ROOT / out
     out.mkdir(parents=True, exist_ok=True)
     print(f"fedsmix attack: writing to {out} (device {device})", flush=True)
     tables = []
     for settings in runs:
-        result = run_sweep(settings, taus, attacks, args.victims, out, device, args.mmse_rank, args.split or "test",
-                           args.resize, parties=args.parties)
+        result = run_sweep(
+            settings,
+            taus,
+            attacks,
+            args.victims,
+            out,
+            device,
+            args.mmse_rank,
+            args.split or "test",
+            args.resize,
+            parties=args.parties,
+        )
         tables.append(Path(result["files"][0]).read_text())
     (out / "tables.md").write_text("\n".join(tables))
     print("\n" + "\n".join(tables), flush=True)
@@ -93,24 +104,41 @@ def cmd_attack(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("attack", help="tau sweep of the reconstruction attacks (paper Tables 1-2), tables and figures")
+    p = subparsers.add_parser(
+        "attack", help="tau sweep of the reconstruction attacks (paper Tables 1-2), tables and figures"
+    )
     p.add_argument("--dataset", default="cifar10", help="one or more, comma-separated (e.g. mnist,cifar10)")
     p.add_argument("--victims", type=int, default=1000, help="first N images of --split, or N spread over --parties")
     p.add_argument("--split", default=None, choices=("test", "train"), help="the first N victims' split (default test)")
-    p.add_argument("--parties", type=int, default=0,
-                   help="P > 0: attack the P parties' own partitions (partitioner, seed), N / P victims each")
+    p.add_argument(
+        "--parties",
+        type=int,
+        default=0,
+        help="P > 0: attack the P parties' own partitions (partitioner, seed), N / P victims each",
+    )
     p.add_argument("--taus", default="1,1e-1,...,1e-6")
     p.add_argument("--attacks", default="linear,mmse,unet", help=f"comma-separated, from {', '.join(ATTACKS[:3])}")
-    p.add_argument("--backbone", default=None,
-                   help="mix, attack and score in this backbone's feature space (e.g. efficientnet-lite0)")
+    p.add_argument(
+        "--backbone",
+        default=None,
+        help="mix, attack and score in this backbone's feature space (e.g. efficientnet-lite0)",
+    )
     p.add_argument("--image-size", type=int, default=None, help="the backbone's input size in px (0: its default)")
-    p.add_argument("--radius-mode", default=None,
-                   help="theorem, pixel-mapped or fixed; comma-separated for one sweep per mode")
-    p.add_argument("--resize", type=int, default=0, help="upsample victims and public images to N px first (paper: 224)")
+    p.add_argument(
+        "--radius-mode", default=None, help="theorem, pixel-mapped or fixed; comma-separated for one sweep per mode"
+    )
+    p.add_argument(
+        "--resize", type=int, default=0, help="upsample victims and public images to N px first (paper: 224)"
+    )
     p.add_argument("--mmse-rank", type=int, default=256, help="rank of the MMSE prior's covariance (plus a diagonal)")
     p.add_argument("--device", default="", help="auto, cpu or cuda (default: the settings' device)")
     p.add_argument("--preset", default="")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="run setting, e.g. unet-epochs=5, attack-steps=200, alpha=0.7, seed=0, public-size=2000")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="run setting, e.g. unet-epochs=5, attack-steps=200, alpha=0.7, seed=0, public-size=2000",
+    )
     p.add_argument("--out", default="", help="output folder (default runs/attacks/<time>-<datasets>)")
     p.set_defaults(func=cmd_attack)

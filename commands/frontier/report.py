@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from pathlib import Path
 
 import torch
 
 from fedsmix.runs import atomic_write_bytes
+from fedsmix.tables import fmt as _f
+from fedsmix.tables import write_csv
 
 COLUMNS = (
     "strategy",
@@ -53,21 +53,18 @@ def dominated_by(records: list[dict]) -> None:
         r["dominated_by"] = " ".join(better)
 
 
-def write_csv(path: Path, records: list[dict], columns=COLUMNS) -> None:
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for record in records:
-        writer.writerow({k: _csv_value(record.get(k)) for k in columns})
-    atomic_write_bytes(path, text.getvalue().encode())
-
-
-def _csv_value(value):
-    return f"{value:.6g}" if isinstance(value, float) else ("" if value is None else value)
-
-
-def _f(value, spec: str) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+def write_all(run_dir: Path, records: list[dict], attacks: list[dict], study: list[dict], meta: dict,
+              truth: torch.Tensor, panels: dict[str, torch.Tensor], to_unit) -> list[str]:
+    """frontier.md, frontier.csv, attacks.csv, reencoding.csv, frontier.png and reconstructions.png."""
+    files = [
+        write_csv(run_dir / "frontier.csv", records, COLUMNS),
+        write_csv(run_dir / "attacks.csv", attacks, COLUMNS),
+        write_csv(run_dir / "reencoding.csv", study, ("strategy", "encodings_per_sample") + COLUMNS[5:17]),
+    ]
+    atomic_write_bytes(run_dir / "frontier.md", markdown(records, study, meta).encode())
+    scatter(run_dir / "frontier.png", records, f"{meta['dataset']}: accuracy vs leakage")
+    reconstructions(run_dir / "reconstructions.png", truth, panels, to_unit)
+    return [str(f) for f in files] + [str(run_dir / n) for n in ("frontier.md", "frontier.png", "reconstructions.png")]
 
 
 def markdown(records: list[dict], reencoding: list[dict], meta: dict) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fedsmix.config import Settings, SettingsError, resolve_preset
+from fedsmix.config import ATTACKS, Settings, SettingsError, resolve_preset
 
 ROW_FORMS = (
     "local-only, fedavg, fedprox, mixup-k<K>, instahide-inside-k<K>, instahide-cross-k<K>, singularized-tau<TAU>"
@@ -78,8 +78,11 @@ class FrontierPlan(BaseModel):
     gradient_restarts: int = Field(2, ge=1)
     gradient_tv: float = Field(1e-2, ge=0)
     reencoding: tuple[int, ...] = (1, 4, 16)
+    #: attacks tried on every row they apply to (server/adversary/registry.py); the U-Net trains per
+    #: radius on public data, so it joins only when named
+    attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "gradient")
 
-    @field_validator("rows", "reencoding", mode="before")
+    @field_validator("rows", "reencoding", "attacks", mode="before")
     @classmethod
     def _csv(cls, value: Any):
         if isinstance(value, str):
@@ -87,6 +90,14 @@ class FrontierPlan(BaseModel):
         if isinstance(value, int):
             return (value,)
         return tuple(value)
+
+    @field_validator("attacks")
+    @classmethod
+    def _known_attacks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [name for name in value if name not in ATTACKS]
+        if unknown:
+            raise ValueError(f"unknown attack(s) {unknown}; allowed: {', '.join(ATTACKS)}")
+        return value
 
     @field_validator("rows")
     @classmethod

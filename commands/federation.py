@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .config import SettingsError, read_preset_block
+from fedsmix.config import SettingsError, read_preset_block
 
 # one CPU per party on a 2-core machine; a preset's `federation:` block or the caller overrides
 DEFAULT_FEDERATION = {"client-resources-num-cpus": 1, "client-resources-num-gpus": 0.0, "init-args-num-cpus": 2}

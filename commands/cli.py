@@ -1,4 +1,4 @@
-"""Command line: `python -m fedsmix run|grid|attack|frontier|show` (see README)."""
+"""Command line: `python -m fedsmix run|show|features|grid|attack|frontier` (see README)."""
 
 from __future__ import annotations
 
@@ -7,26 +7,31 @@ import json
 import sys
 from pathlib import Path
 
-from .config import PROJECT_ROOT, SettingsError, load_settings
+from fedsmix.config import PROJECT_ROOT, SettingsError, load_settings
 
 
-def _parse_sets(pairs: list[str]) -> dict:
-    """key=value pairs; values parsed as JSON when they look like it (numbers, true/false)."""
+def parse_value(text: str):
+    """A command-line value: JSON when it parses (numbers, true/false, lists), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_sets(pairs: list[str], what: str = "--set") -> dict:
+    """key=value pairs, values through `parse_value`."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise SettingsError(f"--set expects key=value, got {pair!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
+            raise SettingsError(f"{what} expects key=value, got {pair!r}")
+        out[key.strip()] = parse_value(value)
     return out
 
 
-def _absolute_paths(values: dict) -> dict:
+def absolute_paths(values: dict) -> dict:
     """The ServerApp and ClientApps run from Flower's app folder: hand them absolute paths."""
-    from .data import default_data_dir
+    from fedsmix.data import default_data_dir
 
     values = dict(values)
     data_dir = default_data_dir(str(values.get("data-dir", "")))
@@ -45,19 +50,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .federation import federation_config, flower_part
     from .launch import flwr_run
 
-    overrides = _parse_sets(args.set)
+    overrides = parse_sets(args.set)
     if args.preset:
         overrides["preset"] = args.preset
     load_settings(overrides)  # fail here, before Flower starts, on any bad key or value
-    overrides = _absolute_paths(overrides)
-    federation = federation_config(overrides.get("preset", ""), _parse_sets(args.federation))
+    overrides = absolute_paths(overrides)
+    federation = federation_config(overrides.get("preset", ""), parse_sets(args.federation, "--federation"))
     parties = args.parties or federation.get("num-supernodes") or 10
     result = flwr_run(overrides, parties, flower_part(federation), environment=federation_environment(federation))
     latest = Path(overrides["runs-dir"]) / "latest"
     if result.ok:
         print(f"\nrun {result.run_id}: {result.status}; results in {latest.resolve()}/results.json (runs/latest)")
         return 0
-    print(f"\nrun {result.run_id}: {result.status} (flwr exit code {result.returncode}); see the log above", file=sys.stderr)
+    print(
+        f"\nrun {result.run_id}: {result.status} (flwr exit code {result.returncode}); see the log above",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -69,43 +77,54 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_features(args: argparse.Namespace) -> int:
+    from fedsmix.features import PUBLIC_DATASET, ensure_features
+
+    settings = load_settings({**({"preset": args.preset} if args.preset else {}), **parse_sets(args.set)})
+    if settings.backbone == "none":
+        raise SettingsError("features: set a backbone (e.g. --set backbone=efficientnet-lite0)")
+    for split in ("train", "test"):
+        print(ensure_features(settings, split))
+    if settings.adversary:  # the attacker's public set, through the same backbone
+        print(ensure_features(settings.replace(dataset=PUBLIC_DATASET), "train"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from . import attack, grid
+    from .frontier import command as frontier
+
     parser = argparse.ArgumentParser(prog="fedsmix", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="one experiment through `flwr run . --stream` (local simulation)")
     run.add_argument("--preset", default="configs/quickstart.yaml")
-    run.add_argument("--parties", type=int, default=None, help="num-supernodes (default: the preset's federation block, else 10)")
+    run.add_argument(
+        "--parties", type=int, default=None, help="num-supernodes (default: the preset's federation block, else 10)"
+    )
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override")
     run.add_argument(
-        "--federation", action="append", default=[], metavar="KEY=VALUE",
+        "--federation",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="federation-config override, beats the preset's `federation:` block (e.g. client-resources-num-gpus=0.25)",
     )
     run.set_defaults(func=cmd_run)
     show = sub.add_parser("show", help="print a run's results table")
     show.add_argument("run_dir", nargs="?", default=str(PROJECT_ROOT / "runs" / "latest"))
     show.set_defaults(func=cmd_show)
-    for register in _extra_commands():
-        register(sub)
+    feats = sub.add_parser("features", help="extract and cache a preset's backbone features (train and test)")
+    feats.add_argument("--preset", default="")
+    feats.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    feats.set_defaults(func=cmd_features)
+    for module in (grid, attack, frontier):
+        module.register(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
     except SettingsError as err:
         print(f"fedsmix: {err}", file=sys.stderr)
         return 2
-
-
-def _extra_commands():
-    """Sub-commands that live with their role (runner, adversary) register themselves here."""
-    import importlib
-
-    for module in ("fedsmix.runner", "server.adversary.cli", "server.frontier.command"):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
-            continue
-        yield mod.register
 
 
 if __name__ == "__main__":

@@ -1,0 +1,207 @@
+"""The strategies without Flower: the party's own steps (`fedsmix.party`), in party order, here.
+
+For machines that have PyTorch and an accelerator but no Flower/Ray (`python -m fedsmix grid --engine
+direct`), and the reference for what the federation costs (benchmarks/flower_overhead.py). Each
+party's step is the very function the ClientApp calls, and FedAvg/FedProx aggregate as Flower's
+FedAvg does (example-weighted mean of every array), so a run here reproduces a simulation's numbers
+up to floating-point order (tests/test_runner.py checks that on digits). What it cannot give is wire
+bytes: it reports the payload bytes of the arrays each message would carry, and says so. It has no
+upload validation, store or adversary.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from fedsmix import data as datalib
+from fedsmix.central import test_accuracy, train_classifier
+from fedsmix.config import Settings, dump_settings
+from fedsmix.device import select_device
+from fedsmix.models import new_classifier
+from fedsmix.party import load_partition, prepare_upload, train_local
+from fedsmix.runs import atomic_write_json, new_run_dir
+from fedsmix.space import load_test, load_train_all, mixing_shape
+from fedsmix.training import state_digest
+
+PAYLOAD = "array payload (direct engine, no wire framing)"
+
+
+def _nbytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def _initial(settings: Settings) -> torch.nn.Module:
+    return new_classifier(settings, mixing_shape(settings), datalib.spec(settings.dataset).num_classes)
+
+
+def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict:
+    t0 = time.perf_counter()
+    xs, ys, parties = [], [], {}
+    for party in range(num_parties):
+        upload = prepare_upload(settings, party, num_parties)
+        xs.append(upload.arrays["x"])
+        ys.append(upload.arrays["y"])
+        parties[str(party)] = {**upload.metrics, "upload-bytes": upload.nbytes}
+        del upload
+    t_upload = time.perf_counter() - t0
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    del xs, ys
+    num_classes = datalib.spec(settings.dataset).num_classes
+    model, report = train_classifier(settings, x, y, mixing_shape(settings), num_classes, device)
+    metrics = test_accuracy(model, test, device)
+    up = [p["upload-bytes"] for p in parties.values()]
+    return {
+        "accuracy": metrics["accuracy"],
+        "test-loss": metrics["loss"],
+        "parties-used": num_parties,
+        "union-size": len(x),
+        "radius-mode": settings.radius_mode,
+        "tau": settings.tau,
+        "parties": parties,
+        "dropped": [],
+        "rejected": [],
+        "upload-seconds": t_upload,
+        "train-seconds": report.seconds,
+        "epochs": report.epochs_run,
+        "weights-sha256": state_digest(model),
+        "wall-seconds": time.perf_counter() - t0,
+        "mean-bytes-up-per-party": sum(up) / len(up),
+        "mean-bytes-down-per-party": 0,
+        "bytes": PAYLOAD,
+    }
+
+
+def local_only(settings: Settings, num_parties: int, test, device: str) -> dict:
+    t0 = time.perf_counter()
+    model = _initial(settings)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    accuracy = {}
+    for party in range(num_parties):
+        result = train_local(
+            settings, load_partition(settings, party, num_parties), initial, mode="local-only", device=device
+        )
+        accuracy[party] = test_accuracy(result.model, test, device)["accuracy"]
+    values = list(accuracy.values())
+    return {
+        "accuracy": accuracy[0],
+        "party0-accuracy": accuracy[0],
+        "per-party-accuracy": {str(p): a for p, a in accuracy.items()},
+        "mean-party-accuracy": sum(values) / len(values),
+        "min-party-accuracy": min(values),
+        "max-party-accuracy": max(values),
+        "parties-used": num_parties,
+        "dropped": [],
+        "rejected": [],
+        "wall-seconds": time.perf_counter() - t0,
+        "mean-bytes-up-per-party": _nbytes(initial),
+        "mean-bytes-down-per-party": _nbytes(initial),
+        "bytes": PAYLOAD,
+    }
+
+
+def federated(settings: Settings, num_parties: int, test, device: str, mode: str) -> dict:
+    """FedAvg (mu = 0) / FedProx rounds; every party trains each round (fraction-train is not sampled here)."""
+    if settings.fraction_train < 1:
+        raise ValueError("fraction-train < 1 needs Flower's sampling: use --engine simulate or flwr")
+    t0 = time.perf_counter()
+    mu = settings.proximal_mu if mode == "fedprox" else 0.0
+    model = _initial(settings)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    curve = [{"round": 0, "accuracy": test_accuracy(model, test, device)["accuracy"], "seconds": 0.0}]
+    for server_round in range(1, settings.rounds + 1):
+        replies = []
+        for party in range(num_parties):
+            result = train_local(
+                settings,
+                load_partition(settings, party, num_parties),
+                state,
+                mode="federated",
+                server_round=server_round,
+                proximal_mu=mu,
+                device=device,
+            )
+            replies.append((result.state(), result.num_examples))
+        state = aggregate(state, replies)
+        model.load_state_dict(state)
+        accuracy = test_accuracy(model, test, device)["accuracy"]
+        curve.append({"round": server_round, "accuracy": accuracy, "seconds": time.perf_counter() - t0})
+    per_round = _nbytes(state)
+    return {
+        "accuracy": curve[-1]["accuracy"],
+        "proximal-mu": mu,
+        "rounds": settings.rounds,
+        "local-epochs": settings.local_epochs,
+        "curve": curve,
+        "parties-used": num_parties,
+        "dropped": [],
+        "rejected": [],
+        "weights-sha256": state_digest(model),
+        "wall-seconds": time.perf_counter() - t0,
+        "mean-bytes-up-per-party": per_round * settings.rounds,
+        "mean-bytes-down-per-party": per_round * settings.rounds,
+        "bytes": PAYLOAD,
+    }
+
+
+def aggregate(state: dict[str, torch.Tensor], replies: list[tuple[dict, int]]) -> dict[str, torch.Tensor]:
+    """Flower's FedAvg: the example-weighted mean of every array, in party order."""
+    total = sum(n for _, n in replies)
+    return {key: sum(r[key].double() * (n / total) for r, n in replies).to(value.dtype) for key, value in state.items()}
+
+
+def centralized(settings: Settings, num_parties: int, test, device: str) -> dict:
+    t0 = time.perf_counter()
+    x, labels = load_train_all(settings)
+    num_classes = datalib.spec(settings.dataset).num_classes
+    model, report = train_classifier(
+        settings,
+        x,
+        datalib.one_hot(labels, num_classes),
+        mixing_shape(settings),
+        num_classes,
+        device,
+        purpose="centralized",
+    )
+    metrics = test_accuracy(model, test, device)
+    return {
+        "accuracy": metrics["accuracy"],
+        "test-loss": metrics["loss"],
+        "train-size": len(labels),
+        "train-seconds": report.seconds,
+        "weights-sha256": state_digest(model),
+        "wall-seconds": time.perf_counter() - t0,
+        "dropped": [],
+        "rejected": [],
+    }
+
+
+STRATEGIES = {
+    "mixup-union": mixup_union,
+    "local-only": local_only,
+    "fedavg": lambda s, n, t, d: federated(s, n, t, d, "fedavg"),
+    "fedprox": lambda s, n, t, d: federated(s, n, t, d, "fedprox"),
+    "centralized": centralized,
+}
+
+
+def run(settings: Settings, num_parties: int) -> dict:
+    """Like the ServerApp's run_experiment: one run directory, results.json after every strategy."""
+    run_dir = new_run_dir(settings.runs_dir, settings.run_name, "direct")
+    device = select_device(settings.device)
+    test = load_test(settings)
+    results = {
+        "run-id": "direct",
+        "run-dir": str(run_dir),
+        "engine": "direct",
+        "settings": dump_settings(settings),
+        "num-parties": num_parties,
+        "device": device,
+        "strategies": {},
+    }
+    for name in settings.strategies:
+        results["strategies"][name] = STRATEGIES[name](settings, num_parties, test, device)
+        atomic_write_json(run_dir / "results.json", results)
+    return results

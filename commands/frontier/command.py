@@ -1,0 +1,39 @@
+"""`python -m fedsmix frontier`: every strategy of a preset, its accuracy, cost and leakage on one table.
+
+Writes frontier.md, frontier.csv, attacks.csv, reencoding.csv, frontier.png, reconstructions.png
+and frontier.json into runs/<time>-frontier-<dataset>/ (see commands/frontier/run.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    from ..cli import absolute_paths, parse_sets
+    from .run import run_frontier
+
+    overrides = absolute_paths({**parse_sets(args.set), "preset": args.preset})
+    plan = parse_sets(args.plan)
+    if args.parties:
+        plan["parties"] = args.parties
+    summary = run_frontier(args.preset, overrides, plan)
+    print(f"frontier written to {summary['run-dir']} (frontier.md, frontier.csv, frontier.png)")
+    return 0
+
+
+def register(subparsers) -> None:
+    frontier = subparsers.add_parser("frontier", help="accuracy, bytes and leakage of every strategy on one table")
+    frontier.add_argument("--preset", default="configs/frontier-mnist.yaml")
+    frontier.add_argument(
+        "--parties", type=int, default=0, help="number of parties (default: the preset's frontier.parties)"
+    )
+    frontier.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run setting override")
+    frontier.add_argument(
+        "--plan",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="frontier section override, e.g. rows=fedavg,mixup-k2 or gradient-steps=200",
+    )
+    frontier.set_defaults(func=cmd_frontier)

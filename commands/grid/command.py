@@ -1,0 +1,67 @@
+"""`python -m fedsmix grid`: run a preset's grid through Flower simulation; write table, CSV and plot."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from fedsmix.config import PROJECT_ROOT
+from fedsmix.runs import link_latest
+
+from .plan import make_plan
+from .run import GridRun
+
+
+def grid_dir(runs_dir: str, name: str) -> Path:
+    root = Path(runs_dir or PROJECT_ROOT / "runs").expanduser().resolve() / "grid"
+    path = root / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{name}"
+    path.mkdir(parents=True, exist_ok=False)
+    link_latest(root, path)
+    return path
+
+
+def cmd_grid(args: argparse.Namespace) -> int:
+    from ..cli import parse_sets, parse_value
+
+    sets = parse_sets(args.set)
+    axes = {
+        k: [parse_value(v) for v in str(vals).split(",")] if isinstance(vals, str) else [vals]
+        for k, vals in parse_sets(args.axis, "--axis").items()
+    }
+    if args.parties:
+        axes["parties"] = [int(p) for p in args.parties.split(",")]
+    plan = make_plan(args.preset, sets, axes)
+    for cell, todo in plan.schedule():
+        print(f"{cell.id}: {', '.join(todo) or '(all results reused)'}")
+    if args.dry_run:
+        return 0
+    out = Path(args.resume).resolve() if args.resume else grid_dir(str(sets.get("runs-dir", "")), plan.name)
+    GridRun(plan, out, args.engine).run()
+    print((out / "table.md").read_text() if (out / "table.md").exists() else "no results")
+    print(f"grid results: {out}")
+    return 0
+
+
+def register(subparsers) -> None:
+    grid = subparsers.add_parser(
+        "grid", help="run a preset's grid (strategies x parties x seeds x axes) through Flower simulation"
+    )
+    grid.add_argument(
+        "--preset", required=True, help="YAML preset with a `grid:` block, e.g. configs/table4-cifar10.yaml"
+    )
+    grid.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a run setting in every cell"
+    )
+    grid.add_argument("--axis", action="append", default=[], metavar="KEY=V1,V2", help="replace or add an axis")
+    grid.add_argument("--parties", default="", help="comma-separated party counts (replaces the preset's)")
+    grid.add_argument(
+        "--engine",
+        choices=("simulate", "flwr", "direct"),
+        default="simulate",
+        help="in-process Flower simulation (default), the `flwr run` CLI per cell, or `direct`: the same "
+        "library calls without Flower (for accelerator machines without Flower/Ray; payload bytes only)",
+    )
+    grid.add_argument("--resume", default="", metavar="GRID_DIR", help="continue an interrupted grid in its directory")
+    grid.add_argument("--dry-run", action="store_true", help="print the cells and what each runs, then stop")
+    grid.set_defaults(func=cmd_grid)

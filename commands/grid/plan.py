@@ -1,0 +1,132 @@
+"""A grid's plan: the preset's `grid:` block -> validated cells, and which strategy each cell must run.
+
+A preset's `grid:` block names the axes: `parties` (numbers of SuperNodes) and any run setting with a
+list of values (`seed`, `tau`, `radius-mode`, ...). A strategy is not rerun for an axis it cannot
+depend on: the encoder's keys (tau, radius-mode, ...) only change mixup-union, the number of parties
+does not change the centralised bound, FedAvg/FedProx keys only change those two.
+
+Precedence, lowest first: schema defaults < the preset's keys < the preset's grid axes < `--axis`
+(replaces an axis) < `--set key=value` (fixes a key everywhere, collapsing its axis).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from fedsmix.config import KEYS, SettingsError, load_settings, resolve_preset
+
+ENCODING_KEYS = frozenset(
+    {
+        "encoder", "tau", "alpha", "radius-mode", "radius", "permutation", "mix-k", "coefficient-cap",
+        "private-mass-min", "encodings-per-sample", "upload-dtype", "max-upload-mb", "max-upload-samples",
+        "adversary", "attack-victims", "attack-steps", "unet-width", "unet-epochs", "unet-train-size",
+    }
+)
+FEDERATED_KEYS = frozenset({"rounds", "local-epochs", "proximal-mu", "fraction-train", "client-lr"})
+PLOTS = ("parties", "snr-bound")
+
+
+def depends_on(strategy: str, key: str) -> bool:
+    """Whether a strategy's result can change along an axis (conservative: unknown keys count)."""
+    if key == "parties":
+        return strategy != "centralized"
+    if key in ENCODING_KEYS:
+        return strategy == "mixup-union"
+    if key in FEDERATED_KEYS:
+        return strategy in ("fedavg", "fedprox")
+    return True
+
+
+@dataclass(frozen=True)
+class Cell:
+    parties: int
+    values: tuple[tuple[str, Any], ...]  # axis key -> value, in axis order
+
+    @property
+    def id(self) -> str:
+        parts = [f"p{self.parties}"] + [f"{k}={v}" for k, v in self.values]
+        return "_".join(parts).replace("/", "-")
+
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.values)
+
+    def signature(self, strategy: str) -> str:
+        keys = [("parties", self.parties)] + list(self.values)
+        return strategy + "|" + ",".join(f"{k}={v}" for k, v in keys if depends_on(strategy, k))
+
+
+@dataclass
+class GridPlan:
+    preset: str
+    name: str
+    base: dict[str, Any]  # overrides shared by every cell (preset path + --set)
+    axes: dict[str, list[Any]]  # parties first, then settings keys
+    plot: str = "parties"
+    table_rows: tuple[str, ...] = ()
+    cells: list[Cell] = field(default_factory=list)
+
+    def strategies(self) -> tuple[str, ...]:
+        return load_settings(self.base).strategies
+
+    def schedule(self) -> list[tuple[Cell, list[str]]]:
+        """Each cell with the strategies it must run (first cell of each signature runs it)."""
+        seen, out = set(), []
+        for cell in self.cells:
+            todo = [s for s in self.strategies() if cell.signature(s) not in seen]
+            seen.update(cell.signature(s) for s in todo)
+            out.append((cell, todo))
+        return out
+
+
+def _list(key: str, value: Any) -> list[Any]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise SettingsError(f"grid: axis {key!r} has no values")
+    return values
+
+
+def make_plan(preset: str, sets: dict[str, Any] | None = None, axes: dict[str, list[Any]] | None = None) -> GridPlan:
+    """Preset + overrides -> validated cells (every cell's settings are checked before anything runs)."""
+    path = resolve_preset(preset)
+    data = yaml.safe_load(path.read_text()) or {}
+    grid = dict(data.get("grid") or {})
+    plot = str(grid.pop("plot", "parties"))
+    if plot not in PLOTS:
+        raise SettingsError(f"grid.plot: {plot!r} unknown; allowed: {', '.join(PLOTS)}")
+    table_rows = tuple(grid.pop("table-rows", ()) or ())
+    grid_axes: dict[str, list[Any]] = {"parties": _list("parties", grid.pop("parties", [10]))}
+    for key, value in grid.items():
+        if key not in KEYS:
+            raise SettingsError(f"grid: unknown axis {key!r}; axes are 'parties' or run settings: {', '.join(KEYS)}")
+        grid_axes[key] = _list(key, value)
+    for key, values in (axes or {}).items():
+        if key != "parties" and key not in KEYS:
+            raise SettingsError(f"--axis: unknown key {key!r}; allowed: parties, {', '.join(KEYS)}")
+        grid_axes[key] = _list(key, values)
+    sets = dict(sets or {})
+    if "parties" in sets:
+        grid_axes["parties"] = _list("parties", sets.pop("parties"))
+    for key in sets:  # an explicit override fixes the key everywhere
+        grid_axes.pop(key, None)
+    for key in table_rows:
+        if key not in grid_axes and key not in sets:
+            raise SettingsError(f"grid.table-rows: {key!r} is not an axis of this grid ({', '.join(grid_axes)})")
+    table_rows = tuple(k for k in table_rows if k in grid_axes)
+    base = {"preset": str(preset), **sets}
+    base.pop("runs-dir", None)
+    load_settings(base)
+    keys = [k for k in grid_axes if k != "parties"]
+    cells = []
+    for parties, *values in itertools.product(grid_axes["parties"], *(grid_axes[k] for k in keys)):
+        if not isinstance(parties, int) or parties < 2:
+            raise SettingsError(f"grid: parties must be integers >= 2, got {parties!r}")
+        cell = Cell(parties, tuple(zip(keys, values)))
+        load_settings({**base, **cell.overrides()})  # fail now, naming the key, not hours later
+        cells.append(cell)
+    return GridPlan(str(preset), path.stem, base, grid_axes, plot, table_rows, cells)
+
+

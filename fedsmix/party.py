@@ -1,0 +1,222 @@
+"""The party's work, in one place (the role of `task.py` in Flower's examples).
+
+load_partition -> prepare_upload (calibrate, encode, upload dtype, report) for mixup-union;
+train_local for local-only training and for one FedAvg/FedProx round. The ClientApp handlers,
+the Flower-free engine, the benchmarks, the frontier's replay and the simulation oracle call
+these functions and nothing else, so a replay is bit-for-bit what the party sent.
+
+Everything is a pure function of (settings, party, number of parties): every random choice
+draws from a generator seeded with (seed, party, purpose).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import data as datalib
+from .config import Settings
+from .encoders import (
+    Calibration,
+    Encoded,
+    EncoderParams,
+    calibrate,
+    data_statistics,
+    empirical_snr,
+    encode,
+    fixed_radius,
+)
+from .faults import corrupt, corruption
+from .models import new_classifier
+from .partition import partition_indices
+from .seeding import generator
+from .space import load_public_pool, to_space, train_subset_rows
+from .training import TrainReport, train, train_config
+
+
+@dataclass
+class Partition:
+    """One party's private data in the space where mixing happens (normalised pixels or features)."""
+
+    party: int
+    x: torch.Tensor
+    labels: torch.Tensor
+    num_classes: int
+    spec: datalib.DatasetSpec
+    rows: np.ndarray  # rows of the training split (never uploaded)
+    split: str = "train"  # the split `rows` index (attack sweeps take victims from the test split)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def one_hot(self) -> torch.Tensor:
+        return datalib.one_hot(self.labels, self.num_classes)
+
+    def subset(self, index: torch.Tensor) -> Partition:
+        """The same party holding only `index` of its rows (an attacked batch, say)."""
+        index = torch.as_tensor(index)
+        return Partition(self.party, self.x[index], self.labels[index], self.num_classes, self.spec,
+                         self.rows[index.numpy()], self.split)
+
+
+def load_partition(settings: Settings, party: int, num_parties: int) -> Partition:
+    raw = datalib.load_split(settings.dataset, "train", settings.data_dir, settings.download)
+    subset = train_subset_rows(settings, len(raw))
+    rows = partition_indices(
+        raw.labels if subset is None else raw.labels[subset],
+        party,
+        num_parties,
+        settings.partitioner,
+        settings.seed,
+        settings.dirichlet_alpha,
+        settings.classes_per_party,
+        settings.min_partition_size,
+    )
+    if subset is not None:
+        rows = subset[rows]
+    x = to_space(settings, raw, "train", rows)
+    labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
+    return Partition(party, x, labels, raw.spec.num_classes, raw.spec, rows)
+
+
+# --------------------------------------------------------------------------------- mixup-union
+def calibrate_party(settings: Settings, part: Partition) -> Calibration:
+    """Theorem 4.2 on the party's own data (or the configured radius, reported the same way)."""
+    stats = data_statistics(part.x, generator(settings.seed, part.party, "calibrate"))
+    if settings.radius_mode == "fixed":
+        return fixed_radius(stats, settings.radius, settings.tau, settings.alpha)
+    if settings.radius_mode == "pixel-mapped":
+        from .features import pixel_mapped_radius
+
+        radius = pixel_mapped_radius(settings, part, generator(settings.seed, part.party, "pixel-mapped"))
+        return fixed_radius(stats, radius, settings.tau, settings.alpha, mode="pixel-mapped")
+    return calibrate(stats, settings.tau, settings.alpha)
+
+
+def encoder_params(settings: Settings, radius: float) -> EncoderParams:
+    return EncoderParams(
+        name=settings.encoder,
+        alpha=settings.alpha,
+        radius=radius,
+        derangement=settings.permutation == "derangement",
+        k=settings.mix_k,
+        cap=settings.coefficient_cap,
+        private_min=settings.private_mass_min,
+        encodings_per_sample=settings.encodings_per_sample,
+    )
+
+
+def encode_partition(
+    settings: Settings, part: Partition, calibration: Calibration | None = None
+) -> tuple[Encoded, Calibration]:
+    """Calibrate and encode the whole partition once, from the party's own seed."""
+    calibration = calibration or calibrate_party(settings, part)
+    public = load_public_pool(settings, part.spec) if settings.encoder == "instahide-cross" else None
+    enc = encode(
+        part.x,
+        part.one_hot(),
+        encoder_params(settings, calibration.radius),
+        generator(settings.seed, part.party, "encode"),
+        public=public,
+    )
+    return enc, calibration
+
+
+def upload_inputs(x: torch.Tensor, dtype: str) -> np.ndarray:
+    """Encoded inputs in the agreed upload dtype; float16 halves the bytes (relative error <= 2^-11)."""
+    array = x.numpy()
+    if dtype == "float32":
+        return array.astype(np.float32, copy=False)
+    limit = float(np.finfo(np.float16).max)
+    peak = float(np.abs(array).max()) if array.size else 0.0
+    if peak > limit:
+        raise ValueError(
+            f"upload-dtype float16: encoded values reach {peak:.3g}, beyond float16's {limit:.0f}; use float32"
+        )
+    return array.astype(np.float16)
+
+
+@dataclass
+class Upload:
+    """What a party sends (`arrays`, `metrics`) and what stays with it (`encoded`: pairing, weights, noise)."""
+
+    arrays: dict[str, np.ndarray]  # "x" (upload dtype) and "y" (float32 soft labels)
+    metrics: dict[str, float | int]
+    partition: Partition
+    encoded: Encoded
+    calibration: Calibration
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+
+def prepare_upload(settings: Settings, party: int, num_parties: int) -> Upload:
+    """Load the partition, calibrate, encode once, and build the upload and its report.
+
+    A party listed in the run's fault spec (a corruption kind) sends a dishonest copy instead;
+    its secrets stay those of the honest encoding.
+    """
+    t0 = time.perf_counter()
+    part = load_partition(settings, party, num_parties)
+    enc, cal = encode_partition(settings, part)
+    arrays = {"x": upload_inputs(enc.x, settings.upload_dtype), "y": enc.y.numpy().astype(np.float32, copy=False)}
+    metrics = {
+        "party": party,
+        "num-examples": len(enc),
+        "tau": cal.tau,
+        "alpha": cal.alpha,
+        "radius": cal.radius,
+        "m-f": cal.m_f,
+        "D": cal.D,
+        "V": cal.V,
+        "c": cal.c,
+        "snr-bound": cal.snr_bound,
+        "snr-empirical": empirical_snr(part.x, enc),
+        "encode-seconds": time.perf_counter() - t0,
+    }
+    if kind := corruption(settings.fault, party):  # fault injection: a dishonest party
+        arrays, metrics = corrupt(kind, arrays, metrics)
+    return Upload(arrays, metrics, part, enc, cal)
+
+
+# ------------------------------------------------------------------------------ local training
+@dataclass
+class LocalResult:
+    model: torch.nn.Module
+    report: TrainReport
+    num_examples: int
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+
+def train_local(
+    settings: Settings,
+    part: Partition,
+    global_state: dict[str, torch.Tensor],
+    *,
+    mode: str = "federated",
+    server_round: int = 0,
+    proximal_mu: float = 0.0,
+    device: str = "cpu",
+) -> LocalResult:
+    """Local-only training (`mode="local-only"`: the central recipe, alone) or one FedAvg/FedProx
+    round (`"federated"`: `local-epochs` of SGD from the global weights, plus (mu/2)||w - w_global||^2)."""
+    model = new_classifier(settings, part.sample_shape, part.num_classes)
+    model.load_state_dict(global_state)
+    if mode == "local-only":
+        cfg, purpose, reference = train_config(settings, device), ("local-only", part.party), None
+    elif mode == "federated":
+        cfg = train_config(settings, device, federated_client=True, proximal_mu=proximal_mu)
+        purpose = ("federated", part.party, server_round)
+        reference = [p.detach().clone() for p in model.parameters()]  # the global weights, before training
+    else:
+        raise ValueError(f"mode: unknown {mode!r}; allowed: local-only, federated")
+    torch.manual_seed(settings.seed + part.party)
+    report = train(model, part.x, part.one_hot(), cfg, generator(settings.seed, *purpose), proximal_reference=reference)
+    return LocalResult(model, report, len(part.labels))

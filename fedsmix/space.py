@@ -1,0 +1,71 @@
+"""Where the mixing happens: normalised pixels, or a pretrained backbone's features.
+
+Every split a run touches (a party's rows, the server's test split, the non-private union, the
+attacker's public pool) is mapped into that one space here, so parties, server and attacks agree
+on it by construction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import data as datalib
+from .config import Settings
+
+
+def to_space(settings: Settings, raw: datalib.RawSplit, split: str, rows: np.ndarray | None) -> torch.Tensor:
+    """Pixels normalised per the paper, or backbone features when a backbone is configured."""
+    if settings.backbone == "none":
+        images = raw.images if rows is None else raw.images[rows]
+        return datalib.normalize(datalib.to_unit(images, raw.spec), raw.spec)
+    from .features import features_for
+
+    return features_for(settings, split, rows)
+
+
+def mixing_shape(settings: Settings) -> tuple[int, ...]:
+    """Shape of one sample where mixing happens: pixels (C, H, W) or a feature vector."""
+    if settings.backbone == "none":
+        return datalib.spec(settings.dataset).sample_shape
+    from .features import feature_dim
+
+    return (feature_dim(settings),)
+
+
+def train_subset_rows(settings: Settings, n: int) -> np.ndarray | None:
+    """The fixed random subset of the training split that `train-subset` keeps (None: all of it)."""
+    if settings.train_subset and settings.train_subset < n:
+        return np.sort(np.random.RandomState(settings.seed).permutation(n)[: settings.train_subset])
+    return None
+
+
+def load_test(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The server's clean test split (parties never see it); optionally a fixed subset."""
+    raw = datalib.load_split(settings.dataset, "test", settings.data_dir, settings.download)
+    rows = None
+    if settings.test_subset and settings.test_subset < len(raw):
+        rows = np.sort(np.random.RandomState(settings.seed).permutation(len(raw))[: settings.test_subset])
+    x = to_space(settings, raw, "test", rows)
+    labels = raw.labels if rows is None else raw.labels[rows]
+    return x, torch.from_numpy(labels.astype(np.int64))
+
+
+def load_train_all(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole training split in mixing space: only for the non-private reference."""
+    raw = datalib.load_split(settings.dataset, "train", settings.data_dir, settings.download)
+    rows = train_subset_rows(settings, len(raw))
+    labels = raw.labels if rows is None else raw.labels[rows]
+    return to_space(settings, raw, "train", rows), torch.from_numpy(labels.astype(np.int64))
+
+
+def load_public_pool(settings: Settings, private: datalib.DatasetSpec) -> torch.Tensor:
+    """Tiny-ImageNet (the public set) mapped to the private images' shape and normalisation."""
+    public = datalib.load_split("tiny-imagenet", "train", settings.data_dir, settings.download)
+    unit = datalib.to_unit(public.images, public.spec)
+    c, h, w = private.sample_shape
+    if c == 1:
+        unit = unit.mean(dim=1, keepdim=True)
+    if unit.shape[-2:] != (h, w):
+        unit = torch.nn.functional.interpolate(unit, size=(h, w), mode="bilinear", antialias=True, align_corners=False)
+    return datalib.normalize(unit.clamp(0, 1), private)

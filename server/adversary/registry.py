@@ -1,0 +1,121 @@
+"""The one attack factory: name -> attack, what it applies to, what it needs.
+
+Every consumer (the in-run adversary, the tau sweep, the frontier) builds attacks here, so a new
+attack is one class in its own file plus one entry in REGISTRY. Uploads are attacked by encoder,
+federated updates by strategy (`targets`). Each attack's threat model is its class's
+`threat_model` line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from fedsmix.config import Settings
+
+from .base import Attack
+
+
+class NotApplicable(ValueError):
+    """The attack cannot run on this case (shape, missing public data); the message says why."""
+
+
+@dataclass(frozen=True)
+class AttackSpec:
+    name: str
+    targets: tuple[str, ...]  # encoders (uploads) or strategies (model updates) it attacks
+    build: Callable[..., Attack]
+    needs_public: bool = False  # public data in the mixing space (a prior, training pairs)
+    needs_image: bool = False  # (C, H, W) samples
+    options: dict = field(default_factory=dict)
+
+
+def _linear(settings: Settings, **_) -> Attack:
+    from .linear import LinearAttack
+
+    return LinearAttack(steps=settings.attack_steps)
+
+
+def _mmse(settings: Settings, public: torch.Tensor, mmse_rank: int = 256, **_) -> Attack:
+    from .mmse import GaussianPrior, MMSEAttack
+
+    return MMSEAttack(GaussianPrior.fit(public, rank=mmse_rank))
+
+
+def _unet(settings: Settings, public: torch.Tensor, device: str = "cpu", **_) -> Attack:
+    from fedsmix.party import encoder_params
+
+    from .unet import UNetAttack
+
+    return UNetAttack(
+        public, encoder_params(settings, 0.0), width=settings.unet_width, epochs=settings.unet_epochs,
+        train_size=settings.unet_train_size, seed=settings.seed, device=device,
+    )
+
+
+def _abs_solve(settings: Settings, **_) -> Attack:
+    from .abs_solve import AbsSolve
+
+    return AbsSolve(iters=settings.attack_steps)
+
+
+def _averaging(settings: Settings, **_) -> Attack:
+    from .averaging import Averaging
+
+    return Averaging()
+
+
+def _gradient(settings: Settings, gradient_steps: int = 1000, gradient_restarts: int = 2, gradient_tv: float = 1e-2,
+              **_) -> Attack:
+    from .gradient import InvertingGradients
+
+    return InvertingGradients(gradient_steps, gradient_restarts, tv=gradient_tv, seed=settings.seed)
+
+
+UPLOADS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none")
+REGISTRY: dict[str, AttackSpec] = {
+    spec.name: spec
+    for spec in (
+        AttackSpec("linear", ("singularized", "mixup"), _linear),
+        AttackSpec("mmse", ("singularized",), _mmse, needs_public=True),
+        AttackSpec("unet", ("singularized",), _unet, needs_public=True, needs_image=True),
+        AttackSpec("abs-solve", UPLOADS, _abs_solve),
+        AttackSpec("averaging", UPLOADS[:-1], _averaging),
+        AttackSpec("gradient", ("fedavg", "fedprox"), _gradient),
+    )
+}
+
+
+def applicable(target: str) -> tuple[str, ...]:
+    """The attacks that apply to an encoder's uploads or a strategy's updates (local-only: none)."""
+    return tuple(name for name, spec in REGISTRY.items() if target in spec.targets)
+
+
+def build_attack(name: str, settings: Settings, *, public: torch.Tensor | None = None,
+                 sample_shape: tuple[int, ...] = (), **options) -> Attack:
+    """One attack from the run settings; `options` reach its builder (device, mmse_rank, gradient_*)."""
+    from .linear import is_image
+
+    spec = REGISTRY.get(name)
+    if spec is None:
+        raise NotApplicable(f"unknown attack {name!r}; allowed: {', '.join(REGISTRY)}")
+    if spec.needs_public and public is None:
+        raise NotApplicable("needs public data in the mixing space")
+    shape = tuple(sample_shape) or (tuple(public.shape[1:]) if public is not None else ())
+    if spec.needs_image and not is_image(shape):
+        raise NotApplicable(f"needs image-shaped samples (C, H, W), got {shape}")
+    return spec.build(settings, public=public, **options)
+
+
+def build_attacks(names, settings: Settings, public: torch.Tensor | None, sample_shape: tuple[int, ...] = (),
+                  **options) -> tuple[dict[str, Attack], dict[str, str]]:
+    """The named attacks, and for each one that cannot be built here, why (never silently)."""
+    attacks, skipped = {}, {}
+    for name in names:
+        try:
+            attacks[name] = build_attack(name, settings, public=public, sample_shape=sample_shape, **options)
+        except NotApplicable as err:
+            skipped[name] = str(err)
+    return attacks, skipped
