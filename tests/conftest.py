@@ -46,3 +46,28 @@ def task_identity():
     TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0
     yield
     TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = old
+
+
+@pytest.fixture
+def client_reply(task_identity):
+    """The ClientApp's reply to an "encode" query, as a SuperNode of `parties` partitions would get it."""
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    from clients.app import app as client_app
+
+    def reply(settings, party: int = 0, parties: int = 3) -> Message:
+        msg = Message(
+            RecordDict({"config": ConfigRecord({"settings": settings.to_json()})}),
+            dst_node_id=7,
+            message_type="query.encode",
+        )
+        context = Context(
+            run_id=1,
+            node_id=7,
+            node_config={"partition-id": party, "num-partitions": parties},
+            state=RecordDict(),
+            run_config={},
+        )
+        return client_app(msg, context)
+
+    return reply

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord
 
-from clients.app import app as client_app
 from fedsmix.config import load_settings
 from fedsmix.party import load_partition
 
@@ -28,25 +27,9 @@ AGREED_METRICS = {
 }
 
 
-def encode_reply(settings, party=0, parties=3) -> Message:
-    msg = Message(
-        RecordDict({"config": ConfigRecord({"settings": settings.to_json()})}),
-        dst_node_id=7,
-        message_type="query.encode",
-    )
-    context = Context(
-        run_id=1,
-        node_id=7,
-        node_config={"partition-id": party, "num-partitions": parties},
-        state=RecordDict(),
-        run_config={},
-    )
-    return client_app(msg, context)
-
-
-def test_upload_holds_only_encoded_inputs_soft_labels_and_agreed_scalars():
+def test_upload_holds_only_encoded_inputs_soft_labels_and_agreed_scalars(client_reply):
     settings = load_settings({"preset": "configs/quickstart.yaml"})
-    reply = encode_reply(settings)
+    reply = client_reply(settings)
     assert not reply.has_error()
     content = reply.content
     assert set(content.keys()) == {"upload", "metrics"}
@@ -64,9 +47,9 @@ def test_upload_holds_only_encoded_inputs_soft_labels_and_agreed_scalars():
     assert two_classes.any() and (y[two_classes].max(axis=1) <= settings.alpha + 1e-6).all()
 
 
-def test_no_upload_row_is_a_raw_sample_even_without_noise():
+def test_no_upload_row_is_a_raw_sample_even_without_noise(client_reply):
     settings = load_settings({"preset": "configs/quickstart.yaml", "radius-mode": "fixed", "radius": 1e-9})
-    x = encode_reply(settings, party=1).content["upload"]["x"].numpy()
+    x = client_reply(settings, party=1).content["upload"]["x"].numpy()
     raw = load_partition(settings, 1, 3).x.numpy()
     flat_x, flat_raw = x.reshape(len(x), -1), raw.reshape(len(raw), -1)
     distances = np.sqrt(((flat_x[:, None, :] - flat_raw[None, :, :]) ** 2).sum(-1))

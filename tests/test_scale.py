@@ -8,12 +8,11 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.config import parse_config_args
 from flwr.simulation.app import _run_simulation_settings
 from flwr.supercore.utils import simulation_config_from_json
 
-from clients.app import app as client_app
 from commands import cli, launch
 from commands.federation import FLOWER_KEYS, backend_config, federation_config, flower_part
 from fedsmix import device
@@ -108,28 +107,12 @@ def test_device_falls_back_to_cpu(monkeypatch):
     assert device.select_device("cpu") == "cpu"
 
 
-def encode_reply(settings, party=0, parties=3) -> Message:
-    msg = Message(
-        RecordDict({"config": ConfigRecord({"settings": settings.to_json()})}),
-        dst_node_id=7,
-        message_type="query.encode",
-    )
-    context = Context(
-        run_id=1,
-        node_id=7,
-        node_config={"partition-id": party, "num-partitions": parties},
-        state=RecordDict(),
-        run_config={},
-    )
-    return client_app(msg, context)
-
-
-def test_float16_uploads_round_trip_within_half_an_ulp(tmp_path):
+def test_float16_uploads_round_trip_within_half_an_ulp(tmp_path, client_reply):
     """The real encode reply, validated and stored by the server, read back through the union."""
     unions = {}
     for dtype in ("float32", "float16"):
         settings = load_settings({"preset": "configs/quickstart.yaml", "upload-dtype": dtype})
-        reply = encode_reply(settings)
+        reply = client_reply(settings)
         assert reply.content["upload"]["x"].dtype == dtype
         upload = validate_upload(reply.content, "node 7", expectation_for(settings), set())
         store = UploadStore(tmp_path / dtype)
@@ -144,12 +127,12 @@ def test_float16_uploads_round_trip_within_half_an_ulp(tmp_path):
     assert half_bytes < 0.6 * full_bytes  # x halves; the soft labels stay float32
 
 
-def test_float16_refuses_values_it_cannot_hold():
+def test_float16_refuses_values_it_cannot_hold(client_reply):
     settings = load_settings(
         {"preset": "configs/quickstart.yaml", "upload-dtype": "float16", "radius-mode": "fixed", "radius": 1e7}
     )
     with pytest.raises(ValueError, match="upload-dtype float16: encoded values reach .* beyond float16's 65504"):
-        encode_reply(settings)  # inside Flower, the party's error reply: it is dropped, not uploading Inf
+        client_reply(settings)  # inside Flower, the party's error reply: it is dropped, not uploading Inf
 
 
 def expectation_for(settings):
