@@ -76,8 +76,11 @@ class Settings(BaseModel):
     dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
     data_dir: str = ""
     download: bool = False
-    partitioner: Literal["iid", "dirichlet", "pathological"] = "dirichlet"
+    partitioner: Literal["iid", "dirichlet", "pathological", "dirichlet-equal", "size-skew"] = "dirichlet"
     dirichlet_alpha: float = Field(0.5, gt=0)
+    # issue 14: published-version partitions (size-skew: party `poor-party` holds rho x a rich party's rows)
+    poor_party_ratio: float = Field(1.0, gt=0, le=1, description="rho = n_poor / n_rich for partitioner size-skew")
+    poor_party: int = Field(0, ge=0, description="which party is data-poor under size-skew")
     classes_per_party: int = Field(2, ge=1)
     min_partition_size: int = Field(10, ge=1)
     test_subset: int = Field(0, ge=0, description="0 = the whole test split")
@@ -176,6 +179,14 @@ class Settings(BaseModel):
             if name not in ATTACKS:
                 raise ValueError(f"unknown attack {name!r}; allowed: {', '.join(ATTACKS)}")
         return value
+
+    @model_validator(mode="after")
+    def _poor_party_only_under_size_skew(self) -> Settings:
+        if self.partitioner != "size-skew" and (self.poor_party_ratio != 1.0 or self.poor_party != 0):
+            raise ValueError(
+                f"poor-party-ratio / poor-party shape only partitioner 'size-skew', not {self.partitioner!r}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _radius_given_when_fixed(self) -> Settings:

@@ -75,6 +75,8 @@ def load_partition(settings: Settings, party: int, num_parties: int) -> Partitio
         settings.dirichlet_alpha,
         settings.classes_per_party,
         settings.min_partition_size,
+        settings.poor_party_ratio,
+        settings.poor_party,
     )
     if subset is not None:
         rows = subset[rows]

@@ -12,7 +12,7 @@ from fedsmix import tables
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.tables import write_csv
 
-from .plan import Cell, GridPlan, depends_on
+from .plan import Cell, GridPlan, depends_on, shared_axis
 
 
 def label(cell: Cell, strategy: str, table_rows: tuple[str, ...] = ()) -> str:
@@ -20,20 +20,14 @@ def label(cell: Cell, strategy: str, table_rows: tuple[str, ...] = ()) -> str:
     own = [
         f"{k}={v}"
         for k, v in cell.values
-        if depends_on(strategy, k)
-        and k not in table_rows
-        and not all(depends_on(s, k) for s in ("local-only", "centralized"))
+        if depends_on(strategy, k) and k not in table_rows and not shared_axis(k)
     ]
     return strategy + (f" {' '.join(own)}" if own else "")
 
 
 def row_key(cell: Cell, table_rows: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
     """Axes every baseline depends on (parties, seed, data) plus the chosen table-rows axes."""
-    shared = [
-        (k, v)
-        for k, v in cell.values
-        if k in table_rows or all(depends_on(s, k) for s in ("local-only", "centralized"))
-    ]
+    shared = [(k, v) for k, v in cell.values if k in table_rows or shared_axis(k)]
     return (("parties", cell.parties),) + tuple(shared)
 
 
