@@ -196,3 +196,16 @@ def test_flower_simulation_matches_the_direct_engine(tiny_preset, direct_grid, t
         assert float(direct[strategy]["accuracy"]) == pytest.approx(float(sim[strategy]["accuracy"]), abs=0.05), (
             strategy
         )
+
+
+def test_the_crossover_is_the_smallest_bound_that_beats_local_only_by_three_points():
+    from commands.grid.report import crossovers
+
+    rows = [{"strategy": "local-only", "label": "local-only", "parties": 10, "party0-accuracy": 0.40}]
+    for bound, accuracy in ((1.0, 0.60), (1e-2, 0.45), (1e-3, 0.42), (1e-4, 0.30)):
+        rows.append({"strategy": "mixup-union", "label": "mixup-union trainer=auto", "parties": 10,
+                     "accuracy": accuracy, "snr-bound-max": bound})
+    (line,) = crossovers(rows)[1:]
+    assert "mixup-union trainer=auto, 10 parties" in line and "smallest effective bound 0.01" in line
+    rows[1:] = [{**r, "accuracy": 0.41} for r in rows[1:]]
+    assert "never" in crossovers(rows)[1]

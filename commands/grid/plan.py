@@ -25,6 +25,8 @@ ENCODING_KEYS = frozenset(
         "encoder", "tau", "alpha", "radius-mode", "radius", "permutation", "mix-k", "coefficient-cap",
         "private-mass-min", "encodings-per-sample", "upload-dtype", "max-upload-mb", "max-upload-samples",
         "adversary", "attack-victims", "attack-steps", "unet-width", "unet-epochs", "unet-train-size",
+        # the central trainer of the uploads (fedsmix/central.py)
+        "trainer", "ridge-gammas", "validation-fraction", "return-model",
     }
 )
 FEDERATED_KEYS = frozenset({"rounds", "local-epochs", "proximal-mu", "fraction-train", "client-lr"})
