@@ -74,7 +74,7 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict
     result = {
         "accuracy": metrics["accuracy"], "test-loss": metrics["loss"], "trainer": selection.chosen,
         "selection": {"validation-accuracy": selection.validation, "held-out-rows": selection.held_out,
-                      "noise-var": union.noise_var, "clean-var": union.clean_var},
+                      "noise-var": union.noise_var, "mix-scale": union.mix_scale},
         "parties-used": num_parties, "union-size": len(x), "radius-mode": settings.radius_mode, "tau": settings.tau,
         "parties": {str(p): v for p, v in parties.items()}, "dropped": [], "rejected": [],
         "upload-seconds": t_upload, "train-seconds": selection.report.get("seconds"),

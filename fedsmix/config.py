@@ -21,7 +21,7 @@ STRATEGIES = ("mixup-union", "local-only", "fedavg", "fedprox", "centralized")
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-imagenet")
 ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none")
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
-TRAINERS = ("auto", "mlp", "mlp-recal", "ridge", "ridge-eiv", "ridge-public")
+TRAINERS = ("auto", "mlp", "mlp-recal", "ridge", "ridge-eiv", "lda", "lda-public")
 ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient")
 # fault injection (clients/faults.py): a party raises or stalls, the server's central training is
 # interrupted after an epoch, or a party sends one kind of bad upload
@@ -192,7 +192,7 @@ class Settings(BaseModel):
     def _radius_given_when_fixed(self) -> Settings:
         if self.radius_mode == "fixed" and self.radius <= 0 and self.encoder == "singularized":
             raise ValueError("radius-mode 'fixed' needs radius > 0")
-        linear = self.trainer.startswith("ridge")
+        linear = self.trainer.startswith(("ridge", "lda"))
         if self.validation_fraction == 0 and (self.trainer == "auto" or (linear and len(self.ridge_gammas) > 1)):
             raise ValueError(
                 f"validation-fraction 0 leaves nothing to choose trainer {self.trainer!r} (and ridge-gammas) with; "

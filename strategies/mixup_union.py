@@ -168,7 +168,7 @@ def run(ctx: RunContext) -> dict:
         "test-loss": metrics["loss"],
         "trainer": selection.chosen,
         "selection": {"validation-accuracy": selection.validation, "held-out-rows": selection.held_out,
-                      "noise-var": union.noise_var, "clean-var": union.clean_var},
+                      "noise-var": union.noise_var, "mix-scale": union.mix_scale},
         "parties-used": len(parties),
         "num-partitions": len(nodes),
         "union-size": len(union),
