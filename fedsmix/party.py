@@ -214,24 +214,24 @@ def train_local(
     device: str = "cpu",
     rows: torch.Tensor | None = None,
     trace: StepTrace | None = None,
+    dp_noise_multiplier: float | None = None,
 ) -> LocalResult:
     """Local-only training (`mode="local-only"`: the central recipe, alone) or one FedAvg/FedProx
     round (`"federated"`: `local-epochs` of SGD from the global weights, plus (mu/2)||w - w_global||^2).
 
     A federated round carries the run's defences (issue 16): each batch mixed (`batch-mix`), DP-SGD
     (`dp-sgd-epsilon`) and, last, the round's update pruned (`prune-ratio`). `rows` replays a round on
-    those samples only (the attack's victims; mixing partners and DP-SGD's noise level stay the whole
-    partition's); `trace` records each step for the simulation's oracle.
+    those samples only (the attack's victims; mixing partners still come from the whole partition), with
+    `dp_noise_multiplier` the party's own DP-SGD noise level (`party_dp_sgd_noise`) rather than one solved
+    for a set of len(rows) samples; `trace` records each step for the simulation's oracle.
     """
     model = new_classifier(settings, part.sample_shape, part.num_classes)
     model.load_state_dict(global_state)
     if mode == "local-only":
         cfg, purpose, reference = train_config(settings, device), ("local-only", part.party), None
     elif mode == "federated":
-        sigma = None
-        if rows is not None and settings.dp_sgd_epsilon > 0:  # the party's own noise level, not a 1-batch set's
-            sigma = dp_sgd_noise_multiplier(train_config(settings, device, federated_client=True), len(part.labels))
-        cfg = train_config(settings, device, federated_client=True, proximal_mu=proximal_mu, dp_noise_multiplier=sigma)
+        cfg = train_config(settings, device, federated_client=True, proximal_mu=proximal_mu,
+                           dp_noise_multiplier=dp_noise_multiplier)
         purpose = ("federated", part.party, server_round)
         reference = [p.detach().clone() for p in model.parameters()]  # the global weights, before training
     else:
@@ -242,6 +242,13 @@ def train_local(
     if mode == "federated" and settings.prune_ratio > 0:
         prune_update(model, reference, settings.prune_ratio)
     return LocalResult(model, report, len(part.labels) if rows is None else len(rows))
+
+
+def party_dp_sgd_noise(settings: Settings, part: Partition) -> float | None:
+    """The DP-SGD noise multiplier Opacus picks for this party's whole partition (None without DP-SGD)."""
+    if settings.dp_sgd_epsilon <= 0:
+        return None
+    return dp_sgd_noise_multiplier(train_config(settings, "cpu", federated_client=True), len(part.labels))
 
 
 def dp_sgd_spent(settings: Settings, report: TrainReport, server_round: int) -> float | None:

@@ -104,17 +104,27 @@ class StepTrace:
     inputs: list[torch.Tensor] = field(default_factory=list)
     targets: list[torch.Tensor] = field(default_factory=list)
     bn_stats: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
+    dropout_masks: list[list[torch.Tensor]] = field(default_factory=list)
 
     def watch(self, model: nn.Module) -> list:
-        """Forward hooks recording each BatchNorm input's batch mean and (biased) variance, per step."""
+        """Forward hooks recording, per step, each BatchNorm input's batch mean and (biased) variance and each
+        dropout layer's keep mask (an input that was 0 counts as kept: it contributes nothing either way)."""
 
-        def hook(module, inputs, _output):
+        def norm_hook(module, inputs, _output):
             x = inputs[0].detach().float()
             dims = [0] + list(range(2, x.dim()))
             self.bn_stats[-1].append((x.mean(dim=dims).cpu(), x.var(dim=dims, unbiased=False).cpu()))
 
-        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        return [m.register_forward_hook(hook) for m in norms]
+        def dropout_hook(module, inputs, output):
+            self.dropout_masks[-1].append(((output != 0) | (inputs[0] == 0)).detach().cpu())
+
+        hooks = []
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                hooks.append(m.register_forward_hook(norm_hook))
+            elif isinstance(m, nn.Dropout | nn.Dropout1d | nn.Dropout2d):
+                hooks.append(m.register_forward_hook(dropout_hook))
+        return hooks
 
     def step(self, rows: torch.Tensor, mix: Encoded | None, xb: torch.Tensor, yb: torch.Tensor) -> None:
         self.rows.append(rows.clone())
@@ -122,6 +132,7 @@ class StepTrace:
         self.inputs.append(xb.detach().cpu())
         self.targets.append(yb.detach().cpu())
         self.bn_stats.append([])
+        self.dropout_masks.append([])
 
 
 def mix_batch(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor,
