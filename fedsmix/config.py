@@ -21,7 +21,7 @@ STRATEGIES = ("mixup-union", "local-only", "fedavg", "fedprox", "centralized")
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-imagenet")
 ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none")
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
-ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient")
+ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient", "gradient-realistic")
 # fault injection (clients/faults.py): a party raises or stalls, the server's central training is
 # interrupted after an epoch, or a party sends one kind of bad upload
 FAULT_FAILURES = ("raise", "timeout", "interrupt")

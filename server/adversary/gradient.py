@@ -204,6 +204,11 @@ class InvertingGradients(Attack):
         self.steps, self.restarts, self.lr, self.tv, self.seed, self.signed = steps, restarts, lr, tv, seed, signed
         self.bn, self.alpha_bn, self.labels, self.label_inputs = bn, alpha_bn, labels, label_inputs
         self.dropout = dropout
+        norm = "the batch's statistics known (BN_exact)" if bn == "exact" else "statistics inferred (BN_infer)"
+        masks = "known" if dropout == "known" else "not known"
+        self.threat_model = (
+            f"{self.threat_model}; BatchNorm {norm}, alpha_BN {alpha_bn:g}, labels {labels}, dropout masks {masks}"
+        )
         self.last_losses: list[float] = []
         self.restored: torch.Tensor | None = None  # the labels restoration produced, when it ran
 
