@@ -158,6 +158,9 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
             "|---|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         for r in gradient_study:
+            if "gain_snr_db" not in r:
+                lines.append(f"| {r['strategy']} | {r['study_batch_size']} | {r['attack']} |" + " - |" * 6)
+                continue
             lines.append(
                 f"| {r['strategy']} | {r['study_batch_size']} | {r['attack']} | {_f(r['gain_snr_db'], '+.2f')} "
                 f"| {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['ssim'], '.3f')} | {_f(r['gain_ssim'], '+.3f')} "

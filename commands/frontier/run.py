@@ -223,7 +223,11 @@ def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dic
             continue
         to_unit = to_unit_for(settings, vict)
         for B in plan.gradient_study:
-            cases = gradient_cases(row, settings, run, vict, plan, B)
+            try:
+                cases = gradient_cases(row, settings, run, vict, plan, B)
+            except ValueError as err:  # the model cannot train on such a batch (BatchNorm1d and B = 1)
+                out.append({"strategy": row.name, "study_batch_size": B, "attack": f"none: {err}"})
+                continue
             outcome = attack_row(row, settings, cases, public, prior, to_unit, plan, {}, names)
             for name in outcome.estimates:
                 record = scored(name, outcome.summary, outcome.per_image, vict, outcome.seconds[name], **cases[0].info)

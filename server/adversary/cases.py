@@ -130,7 +130,8 @@ def update_case(settings: Settings, part: Partition, rows: torch.Tensor, *, prox
     and soft targets.
 
     With a batch defence the originals to recover are every private sample mixed into the first step's inputs;
-    the case scores the victims `rows` among them."""
+    the case scores the victims `rows` among them. DP-FedAvg adds its noise to the aggregate, after the server
+    has seen each update: the server sees the raw update (server-side clipping) or the clipped one (client-side)."""
     client = settings.replace(batch_size=batch_size, local_epochs=local_epochs)
     model = new_classifier(client, part.sample_shape, part.num_classes)
     if global_state is not None:
@@ -145,6 +146,11 @@ def update_case(settings: Settings, part: Partition, rows: torch.Tensor, *, prox
         for g, w in zip(global_model.parameters(), result.model.parameters())
         if g.requires_grad
     ]
+    if settings.dp_fedavg == "client":  # Flower's fixedclipping_mod scales the whole update to norm <= C before sending
+        norm = float(torch.sqrt(sum(u.double().pow(2).sum() for u in update)))
+        update = [u * min(1.0, settings.dp_clipping_norm / max(norm, 1e-30)) for u in update]
+    if not trace.rows:
+        raise ValueError(f"no local step on a batch of {len(rows)}: BatchNorm1d cannot train on a single sample")
     lo, hi = valid_bounds(settings, part.spec)
     first = trace.rows[0]  # the first step's rows in the order the party drew them (its dropout masks' order)
     labels = part.labels[first] if len(first) == len(rows) else part.labels[rows]
