@@ -154,7 +154,7 @@ class FrontierPlan(BaseModel):
     gradient_steps: int = Field(1000, ge=8)
     gradient_restarts: int = Field(2, ge=1)
     gradient_tv: float = Field(1e-2, ge=0)
-    gradient_alpha_bn: float = Field(1e-3, ge=0, description="weight of the BatchNorm regulariser (alpha_BN)")
+    gradient_alpha_bn: float = Field(1e-2, ge=0, description="weight of the BatchNorm regulariser (alpha_BN)")
     gradient_labels: Literal["known", "restored"] = "known"
     gradient_round: Literal["first", "last"] = Field(
         "first", description="attack round 1's update (the initial model) or one from the row's trained global model"

@@ -13,11 +13,11 @@ mask in front of a linear layer can be read off that layer's update (dropped inp
 weight decay alone), and the attacker replays it.
 
 The appendix's settings (../shared/papers/gradient-inversion-eval-appendix.txt, issue 16):
-- BatchNorm: `bn="exact"` (BN_exact) normalises with the party's own batch statistics (straight-through:
-  the dummy's statistics carry the gradient, so at the true batch the gradients match exactly) and
-  regularises the dummy's statistics towards them; `bn="infer"` (BN_infer) normalises with the dummy's
-  statistics and, with `alpha_bn` > 0, pulls them towards the global model's running statistics, the
-  attacker's only estimate of the data's.
+- BatchNorm: the dummy batch is normalised by its own statistics, as the party's training normalised its
+  batch, and the BN regulariser alpha_BN (||mu - mu*|| + ||var - var*|| per layer) pulls them towards the
+  party's exact batch statistics (`bn="exact"`, BN_exact) or towards the global model's running statistics,
+  the attacker's only estimate of the data's (`bn="infer"`, BN_infer). (Substituting the exact statistics
+  in the forward pass instead recovered less: +6.0 against +12.0 dB on 8 MNIST images.)
 - Labels: `labels="known"`, or `"restored"` from the output layer's bias update (iDLG for one image:
   p - y is negative only at the true class; for B > 1 the count estimate n_c = B (p_c - g_c), p the model's
   mean prediction on the attacker's public samples, uniform without).
@@ -104,24 +104,21 @@ def attacker_copy(
 
 
 class ReplayedBatchNorm(nn.Module):
-    """A BatchNorm layer on the dummy batch: its own statistics (BN_infer), or the party's exact ones in the
-    forward pass with the dummy's carrying the gradient (BN_exact). Keeps the layer's affine parameters (the
-    same objects, in the same order) and records the dummy's statistics for the BN regulariser."""
+    """A BatchNorm layer on the dummy batch, as the party's training ran it (normalised by the batch's own
+    statistics), recording those statistics for the BN regulariser and the prior they are pulled towards: the
+    party's exact batch statistics (BN_exact) or the global model's running statistics (BN_infer). Keeps the
+    layer's affine parameters (the same objects, in the same order)."""
 
     def __init__(self, bn: nn.modules.batchnorm._BatchNorm, exact: tuple[torch.Tensor, torch.Tensor] | None):
         super().__init__()
         self.weight, self.bias, self.eps = bn.weight, bn.bias, bn.eps
         self.prior = exact if exact is not None else (bn.running_mean.detach().clone(), bn.running_var.detach().clone())
-        self.exact = exact
         self.stats: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dims = [0] + list(range(2, x.dim()))
         mean, var = x.mean(dim=dims), x.var(dim=dims, unbiased=False)
         self.stats = (mean, var)
-        if self.exact is not None:
-            mean = self.exact[0] + (mean - mean.detach())
-            var = self.exact[1] + (var - var.detach())
         shape = [1, -1] + [1] * (x.dim() - 2)
         out = (x - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)
         if self.weight is not None:
@@ -218,7 +215,7 @@ class InvertingGradients(Attack):
         masks = obs.dropout_masks if self.dropout == "known" else None
         model = attacker_copy(obs.model, obs.update if one_step else None, obs.lr, obs.weight_decay, masks)
         norms = []
-        if self.bn == "exact" or self.alpha_bn > 0:
+        if self.alpha_bn > 0:
             if self.bn == "exact" and obs.bn_stats is None and any(
                 isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
             ):

@@ -68,7 +68,7 @@ def _averaging(settings: Settings, **_) -> Attack:
 
 
 def _gradient(settings: Settings, public: torch.Tensor | None = None, gradient_steps: int = 1000,
-              gradient_restarts: int = 2, gradient_tv: float = 1e-2, gradient_alpha_bn: float = 1e-3,
+              gradient_restarts: int = 2, gradient_tv: float = 1e-2, gradient_alpha_bn: float = 1e-2,
               gradient_labels: str = "known", realistic: bool = False, **_) -> Attack:
     """The appendix's strongest attacker (BN_exact: the batch's BatchNorm statistics and dropout masks known) or,
     `realistic`, BN_infer (the global model's running statistics as the prior, weight alpha_BN; dropout off)."""
