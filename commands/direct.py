@@ -11,19 +11,28 @@ upload validation, store or adversary.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 import torch
 
 from fedsmix import data as datalib
-from fedsmix.central import test_accuracy, train_classifier
+from fedsmix.central import (
+    Union,
+    needs_public,
+    party_summary,
+    test_accuracy,
+    train_classifier,
+    train_union,
+    union_statistics,
+)
 from fedsmix.config import Settings, dump_settings
 from fedsmix.device import select_device
 from fedsmix.models import new_classifier
-from fedsmix.party import load_partition, prepare_upload, train_local
+from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
 from fedsmix.runs import atomic_write_json, new_run_dir
-from fedsmix.space import load_test, load_train_all, mixing_shape
+from fedsmix.space import load_test, load_train_all, mixing_shape, public_in_space
 from fedsmix.training import state_digest
 
 PAYLOAD = "array payload (direct engine, no wire framing)"
@@ -39,39 +48,47 @@ def _initial(settings: Settings) -> torch.nn.Module:
 
 def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict:
     t0 = time.perf_counter()
-    xs, ys, parties = [], [], {}
+    xs, ys, parties, partitions = [], [], {}, {}
     for party in range(num_parties):
         upload = prepare_upload(settings, party, num_parties)
         xs.append(upload.arrays["x"])
         ys.append(upload.arrays["y"])
-        parties[str(party)] = {**upload.metrics, "upload-bytes": upload.nbytes}
+        parties[party] = {**upload.metrics, "upload-bytes": upload.nbytes}
+        partitions[party] = upload.partition
         del upload
     t_upload = time.perf_counter() - t0
     x, y = np.concatenate(xs), np.concatenate(ys)
+    rows = np.repeat(np.arange(num_parties), [len(a) for a in ys])
     del xs, ys
-    num_classes = datalib.spec(settings.dataset).num_classes
-    model, report = train_classifier(settings, x, y, mixing_shape(settings), num_classes, device)
-    metrics = test_accuracy(model, test, device)
+    shape, num_classes = mixing_shape(settings), datalib.spec(settings.dataset).num_classes
+    union = Union(x, y, rows, *union_statistics(list(parties.values()), math.prod(shape), settings.encoder))
+
+    def score(models, held):  # each party scores the candidates on its own clean samples, as the ClientApp does
+        states = {name: model.state_dict() for name, model in models.items()}
+        return {p: score_candidates(settings, partitions[p], r, states, device) for p, r in held.items()}
+
+    public = public_in_space(settings) if needs_public(settings) else None
+    selection = train_union(settings, union, shape, num_classes, device, score=score, public=public)
+    metrics = test_accuracy(selection.model, test, device)
     up = [p["upload-bytes"] for p in parties.values()]
-    return {
-        "accuracy": metrics["accuracy"],
-        "test-loss": metrics["loss"],
-        "parties-used": num_parties,
-        "union-size": len(x),
-        "radius-mode": settings.radius_mode,
-        "tau": settings.tau,
-        "parties": parties,
-        "dropped": [],
-        "rejected": [],
-        "upload-seconds": t_upload,
-        "train-seconds": report.seconds,
-        "epochs": report.epochs_run,
-        "weights-sha256": state_digest(model),
-        "wall-seconds": time.perf_counter() - t0,
-        "mean-bytes-up-per-party": sum(up) / len(up),
-        "mean-bytes-down-per-party": 0,
-        "bytes": PAYLOAD,
+    result = {
+        "accuracy": metrics["accuracy"], "test-loss": metrics["loss"], "trainer": selection.chosen,
+        "selection": {"validation-accuracy": selection.validation, "held-out-rows": selection.held_out,
+                      "noise-var": union.noise_var, "mix-scale": union.mix_scale},
+        "parties-used": num_parties, "union-size": len(x), "radius-mode": settings.radius_mode, "tau": settings.tau,
+        "parties": {str(p): v for p, v in parties.items()}, "dropped": [], "rejected": [],
+        "upload-seconds": t_upload, "train-seconds": selection.report.get("seconds"),
+        "epochs": selection.report.get("epochs", 0), "weights-sha256": state_digest(selection.model),
     }
+    if settings.return_model:
+        state = {k: v.detach().cpu() for k, v in selection.model.state_dict().items()}
+        accuracy = {
+            p: test_accuracy(personalize(settings, part, selection.chosen, state, device), test, device)["accuracy"]
+            for p, part in partitions.items()
+        }
+        result["returned"] = party_summary(accuracy)
+    return {**result, "wall-seconds": time.perf_counter() - t0, "mean-bytes-up-per-party": sum(up) / len(up),
+            "mean-bytes-down-per-party": 0, "bytes": PAYLOAD}
 
 
 def local_only(settings: Settings, num_parties: int, test, device: str) -> dict:

@@ -85,6 +85,20 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             lost.add_row(*row)
         console.print(lost)
     mix = results.get("strategies", {}).get("mixup-union", {})
+    if mix.get("trainer"):
+        selection = mix.get("selection", {}).get("validation-accuracy") or {}
+        scored = ", ".join(f"{name} {_pct(acc)}" for name, acc in selection.items())
+        console.print(
+            f"mixup-union trainer: {mix['trainer']}"
+            + (f" (chosen on the parties' scores of {mix['selection']['held-out-rows']} held-out rows: {scored})"
+               if selection else "")
+        )
+        returned = mix.get("returned")
+        if returned and returned.get("mean") is not None:
+            console.print(
+                f"model returned to the parties, recalibrated on their own data: test acc % mean "
+                f"{_pct(returned['mean'])}, min {_pct(returned['min'])}, max {_pct(returned['max'])}"
+            )
     if mix.get("parties"):
         mode = mix.get("radius-mode", "theorem")
         cal = Table(

@@ -56,6 +56,36 @@ def test_overrides_beat_the_preset_and_bad_axes_name_the_key():
         grid_plan.make_plan("configs/table4-cifar10.yaml", axes={"radius-mode": ["fixed"]})
 
 
+def test_published_presets_rerun_every_strategy_along_partition_axes():
+    """issue 14: partition keys change every strategy but the centralised bound (whole split), like `parties`."""
+    from commands.grid.report import label, row_key
+
+    for key in ("partitioner", "dirichlet-alpha", "poor-party-ratio", "poor-party", "min-partition-size"):
+        assert {s: grid_plan.depends_on(s, key) for s in ("fedprox", "mixup-union", "local-only", "centralized")} == {
+            "fedprox": True, "mixup-union": True, "local-only": True, "centralized": False
+        }
+    plan = grid_plan.make_plan("configs/published-table5-cifar10.yaml")
+    assert plan.axes == {
+        "parties": [10, 50, 100], "dirichlet-alpha": [1.0, 0.5, 0.1], "radius-mode": ["theorem", "pixel-mapped"]
+    }
+    s = load_settings({**plan.base, **plan.cells[0].overrides()})
+    assert (s.partitioner, s.rounds, s.local_epochs, s.proximal_mu, s.image_size, s.epochs, s.batch_size) == (
+        "dirichlet-equal", 50, 1, 1e-3, 128, 30, 128
+    )
+    schedule = plan.schedule()
+    assert sum("fedprox" in todo for _, todo in schedule) == 9  # once per (parties, beta)
+    assert sum("mixup-union" in todo for _, todo in schedule) == 18
+    cell = plan.cells[3]  # p10, beta 0.5, pixel-mapped
+    assert label(cell, "fedprox") == "fedprox" and label(cell, "mixup-union") == "mixup-union radius-mode=pixel-mapped"
+    assert row_key(cell, ()) == (("parties", 10), ("dirichlet-alpha", 0.5))
+    plan = grid_plan.make_plan("configs/published-table6-cifar10.yaml")
+    assert plan.axes["parties"] == [50] and plan.axes["poor-party-ratio"] == [1.0, 0.1, 0.01]
+    assert load_settings({**plan.base, **plan.cells[0].overrides()}).partitioner == "size-skew"
+    assert sum("fedprox" in todo for _, todo in plan.schedule()) == 9  # once per (rho, beta)
+    with pytest.raises(SettingsError, match="poor-party: 50 is outside 0..49"):  # known at plan time
+        grid_plan.make_plan("configs/published-table6-cifar10.yaml", sets={"poor-party": 50})
+
+
 @pytest.fixture(scope="module")
 def tiny_preset(tmp_path_factory, data_dir):
     """Digits through a resnet18 (random weights, saved locally) at 16 px: features in seconds."""
@@ -166,3 +196,16 @@ def test_flower_simulation_matches_the_direct_engine(tiny_preset, direct_grid, t
         assert float(direct[strategy]["accuracy"]) == pytest.approx(float(sim[strategy]["accuracy"]), abs=0.05), (
             strategy
         )
+
+
+def test_the_crossover_is_the_smallest_bound_that_beats_local_only_by_three_points():
+    from commands.grid.report import crossovers
+
+    rows = [{"strategy": "local-only", "label": "local-only", "parties": 10, "party0-accuracy": 0.40}]
+    for bound, accuracy in ((1.0, 0.60), (1e-2, 0.45), (1e-3, 0.42), (1e-4, 0.30)):
+        rows.append({"strategy": "mixup-union", "label": "mixup-union trainer=auto", "parties": 10,
+                     "accuracy": accuracy, "snr-bound-max": bound})
+    (line,) = crossovers(rows)[1:]
+    assert "mixup-union trainer=auto, 10 parties" in line and "smallest effective bound 0.01" in line
+    rows[1:] = [{**r, "accuracy": 0.41} for r in rows[1:]]
+    assert "never" in crossovers(rows)[1]

@@ -3,7 +3,8 @@
 A preset's `grid:` block names the axes: `parties` (numbers of SuperNodes) and any run setting with a
 list of values (`seed`, `tau`, `radius-mode`, ...). A strategy is not rerun for an axis it cannot
 depend on: the encoder's keys (tau, radius-mode, ...) only change mixup-union, the number of parties
-does not change the centralised bound, FedAvg/FedProx keys only change those two.
+does not change the centralised bound, nor do the partition keys (`partitioner`, `dirichlet-alpha`,
+`poor-party-ratio`, ...: they change every other strategy), FedAvg/FedProx keys only change those two.
 
 Precedence, lowest first: schema defaults < the preset's keys < the preset's grid axes < `--axis`
 (replaces an axis) < `--set key=value` (fixes a key everywhere, collapsing its axis).
@@ -24,15 +25,22 @@ ENCODING_KEYS = frozenset(
         "encoder", "tau", "alpha", "radius-mode", "radius", "permutation", "mix-k", "coefficient-cap",
         "private-mass-min", "encodings-per-sample", "upload-dtype", "max-upload-mb", "max-upload-samples",
         "adversary", "attack-victims", "attack-steps", "unet-width", "unet-epochs", "unet-train-size",
+        # the central trainer of the uploads (fedsmix/central.py)
+        "trainer", "ridge-gammas", "validation-fraction", "return-model",
     }
 )
 FEDERATED_KEYS = frozenset({"rounds", "local-epochs", "proximal-mu", "fraction-train", "client-lr"})
+# how the training split is dealt to the parties: like `parties`, every strategy but the centralised bound
+# (which trains on the whole split) depends on them, and the report keeps them in a table's rows
+PARTITION_KEYS = frozenset(
+    {"partitioner", "dirichlet-alpha", "classes-per-party", "min-partition-size", "poor-party-ratio", "poor-party"}
+)
 PLOTS = ("parties", "snr-bound")
 
 
 def depends_on(strategy: str, key: str) -> bool:
     """Whether a strategy's result can change along an axis (conservative: unknown keys count)."""
-    if key == "parties":
+    if key == "parties" or key in PARTITION_KEYS:
         return strategy != "centralized"
     if key in ENCODING_KEYS:
         return strategy == "mixup-union"
@@ -82,6 +90,11 @@ class GridPlan:
         return out
 
 
+def shared_axis(key: str) -> bool:
+    """An axis every baseline's result depends on (seed, data, partitions): a row of the table, not a label."""
+    return key == "parties" or key in PARTITION_KEYS or all(depends_on(s, key) for s in ("local-only", "centralized"))
+
+
 def _list(key: str, value: Any) -> list[Any]:
     values = value if isinstance(value, list) else [value]
     if not values:
@@ -125,7 +138,9 @@ def make_plan(preset: str, sets: dict[str, Any] | None = None, axes: dict[str, l
         if not isinstance(parties, int) or parties < 2:
             raise SettingsError(f"grid: parties must be integers >= 2, got {parties!r}")
         cell = Cell(parties, tuple(zip(keys, values)))
-        load_settings({**base, **cell.overrides()})  # fail now, naming the key, not hours later
+        settings = load_settings({**base, **cell.overrides()})  # fail now, naming the key, not hours later
+        if settings.partitioner == "size-skew" and settings.poor_party >= parties:
+            raise SettingsError(f"poor-party: {settings.poor_party} is outside 0..{parties - 1} in cell {cell.id}")
         cells.append(cell)
     return GridPlan(str(preset), path.stem, base, grid_axes, plot, table_rows, cells)
 

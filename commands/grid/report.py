@@ -12,7 +12,7 @@ from fedsmix import tables
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.tables import write_csv
 
-from .plan import Cell, GridPlan, depends_on
+from .plan import Cell, GridPlan, depends_on, shared_axis
 
 
 def label(cell: Cell, strategy: str, table_rows: tuple[str, ...] = ()) -> str:
@@ -20,20 +20,14 @@ def label(cell: Cell, strategy: str, table_rows: tuple[str, ...] = ()) -> str:
     own = [
         f"{k}={v}"
         for k, v in cell.values
-        if depends_on(strategy, k)
-        and k not in table_rows
-        and not all(depends_on(s, k) for s in ("local-only", "centralized"))
+        if depends_on(strategy, k) and k not in table_rows and not shared_axis(k)
     ]
     return strategy + (f" {' '.join(own)}" if own else "")
 
 
 def row_key(cell: Cell, table_rows: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
     """Axes every baseline depends on (parties, seed, data) plus the chosen table-rows axes."""
-    shared = [
-        (k, v)
-        for k, v in cell.values
-        if k in table_rows or all(depends_on(s, k) for s in ("local-only", "centralized"))
-    ]
+    shared = [(k, v) for k, v in cell.values if k in table_rows or shared_axis(k)]
     return (("parties", cell.parties),) + tuple(shared)
 
 
@@ -99,6 +93,26 @@ def _table(header: list[str], body: list[list[str]]) -> str:
     return tables.markdown([{str(i): cell for i, cell in enumerate(row)} for row in body], columns)
 
 
+def crossovers(rows: list[dict[str, Any]], margin: float = 0.03) -> list[str]:
+    """Per mixup-union variant and party count: the smallest effective bound at which it beats local-only
+    party 0 (of the same party count) by at least `margin`."""
+    local = {r["parties"]: r.get("party0-accuracy") for r in rows if r["strategy"] == "local-only"}
+    lines = []
+    variants = sorted({(r["label"], r["parties"]) for r in rows if r["strategy"] == "mixup-union"})
+    for lab, parties in variants:
+        base = local.get(parties)
+        points = [r for r in rows if r["label"] == lab and r["parties"] == parties
+                  and isinstance(r.get("accuracy"), float) and isinstance(r.get("snr-bound-max"), float)]
+        if base is None or not points:
+            continue
+        beating = [r["snr-bound-max"] for r in points if r["accuracy"] >= base + margin]
+        text = (f"smallest effective bound {min(beating):.3g}" if beating
+                else "never (at any bound of this grid)")
+        lines.append(f"- {lab}, {parties} parties: beats local-only party 0 ({_pct(base)} %) by >= "
+                     f"{100 * margin:.0f} points from {text}\n")
+    return ["\n## Crossover with local-only\n\n", *lines] if lines else []
+
+
 def markdown(plan: GridPlan, rows: list[dict[str, Any]]) -> str:
     columns = _columns(rows)
     groups: dict[tuple, dict[str, dict]] = {}
@@ -135,6 +149,8 @@ def markdown(plan: GridPlan, rows: list[dict[str, Any]]) -> str:
                 r["label"],
                 _pct(r.get("accuracy")),
                 (r.get("radius-mode") or "-") if r["strategy"] == "mixup-union" else "-",
+                r.get("trainer") or "-",
+                _pct(r.get("returned-mean-accuracy")),
                 _sci(r.get("snr-bound-max")),
                 _sci(r.get("snr-empirical-mean")),
                 _sci(r.get("radius-mean")),
@@ -144,6 +160,7 @@ def markdown(plan: GridPlan, rows: list[dict[str, Any]]) -> str:
                 f"{r['wall-seconds']:.0f}" if r.get("wall-seconds") is not None else "-",
             ]
         )
+    out += crossovers(rows)
     out.append("\n## Cost and calibration per run\n\n")
     out.append(
         _table(
@@ -152,6 +169,8 @@ def markdown(plan: GridPlan, rows: list[dict[str, Any]]) -> str:
                 "strategy",
                 "acc %",
                 "radius mode",
+                "trainer (chosen)",
+                "parties' returned models, mean acc %",
                 "SNR bound (max)",
                 "SNR measured (mean)",
                 "r (mean)",

@@ -102,6 +102,8 @@ def summarize(name: str, res: dict) -> dict[str, Any]:
             return [float(p[key]) for p in parties if key in p]
 
         row["radius-mode"] = res.get("radius-mode")
+        row["trainer"] = res.get("trainer")
+        row["returned-mean-accuracy"] = (res.get("returned") or {}).get("mean")
         for key in ("snr-bound", "snr-empirical", "radius", "m-f", "D", "c"):
             values = column(key)
             if values:
