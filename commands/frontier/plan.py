@@ -160,6 +160,9 @@ class FrontierPlan(BaseModel):
         "first", description="attack round 1's update (the initial model) or one from the row's trained global model"
     )
     gradient_study: tuple[int, ...] = Field((), description="batch sizes of the per-defence gradient study (1,16,32)")
+    gradient_study_victims: int = Field(
+        0, ge=0, description="victims per study batch size: the first max(B, this) (0 = all attack-victims)"
+    )
     reencoding: tuple[int, ...] = (1, 4, 16)
     #: attacks tried on every row they apply to (server/adversary/registry.py); the U-Net trains per
     #: radius on public data, so it joins only when named

@@ -84,7 +84,8 @@ def write_all(run_dir: Path, records: list[dict], attacks: list[dict], study: li
         write_csv(run_dir / "attacks.csv", attacks, COLUMNS),
         write_csv(run_dir / "reencoding.csv", study, ("strategy", "encodings_per_sample") + SCORES),
         write_csv(run_dir / "gradient-study.csv", gradient_study,
-                  ("strategy", "study_batch_size", "attack", "local_steps", "round", *SCORES, "attack_seconds")),
+                  ("strategy", "study_batch_size", "victims", "attack", "local_steps", "round", *SCORES,
+                   "attack_seconds")),
     ]
     atomic_write_bytes(run_dir / "frontier.md", markdown(records, study, meta, gradient_study).encode())
     scatter(run_dir / "frontier.png", records, f"{meta['dataset']}: accuracy vs leakage")
@@ -154,15 +155,17 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
             "statistics and dropout masks known; against batch mixing, coefficients and indices known), "
             "'gradient-realistic' = BN_infer. Gain over the trivial guess.",
             "",
-            "| strategy | B | attack | gain SNR dB | gain PSNR dB | SSIM | gain SSIM | best-image SSIM | attack s |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+            "| strategy | B | victims | attack | gain SNR dB | gain PSNR dB | SSIM | gain SSIM | best-image SSIM "
+            "| attack s |",
+            "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         for r in gradient_study:
             if "gain_snr_db" not in r:
-                lines.append(f"| {r['strategy']} | {r['study_batch_size']} | {r['attack']} |" + " - |" * 6)
+                lines.append(f"| {r['strategy']} | {r['study_batch_size']} | - | {r['attack']} |" + " - |" * 6)
                 continue
             lines.append(
-                f"| {r['strategy']} | {r['study_batch_size']} | {r['attack']} | {_f(r['gain_snr_db'], '+.2f')} "
+                f"| {r['strategy']} | {r['study_batch_size']} | {r['victims']} | {r['attack']} "
+                f"| {_f(r['gain_snr_db'], '+.2f')} "
                 f"| {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['ssim'], '.3f')} | {_f(r['gain_ssim'], '+.3f')} "
                 f"| {_f(r['best_ssim'], '.3f')} | {_f(r['attack_seconds'], '.0f')} |"
             )

@@ -67,9 +67,11 @@ def check_against_store(case: Case, upload_path: Path) -> None:
 
 
 def gradient_cases(row: Row, settings: Settings, run: dict, vict: Victims, plan: FrontierPlan,
-                   batch_size: int) -> list[Case]:
+                   batch_size: int, count: int = 0) -> list[Case]:
     """The victim party's round updates, one per batch of `batch_size` victims, with the row's defences: round 1
-    from the initial model, or (gradient-round last) from the row's trained global model."""
+    from the initial model, or (gradient-round last) from the row's trained global model; the first `count`
+    victims (0 = all)."""
+    index = vict.index[:count] if count else vict.index
     mu = settings.proximal_mu if row.strategy == "fedprox" else 0.0
     state, server_round = None, 1
     if plan.gradient_round == "last":
@@ -78,10 +80,10 @@ def gradient_cases(row: Row, settings: Settings, run: dict, vict: Victims, plan:
             raise RuntimeError(f"frontier row {row.name}: no trained global model to attack ({path!r})")
         state, server_round = torch.load(path, weights_only=True), settings.rounds + 1
     return [
-        update_case(settings, vict.part, vict.index[start : start + batch_size], proximal_mu=mu,
+        update_case(settings, vict.part, index[start : start + batch_size], proximal_mu=mu,
                     batch_size=batch_size, local_epochs=plan.gradient_local_epochs, server_round=server_round,
                     global_state=state)
-        for start in range(0, len(vict.index), batch_size)
+        for start in range(0, len(index), batch_size)
     ]
 
 
@@ -223,14 +225,17 @@ def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dic
             continue
         to_unit = to_unit_for(settings, vict)
         for B in plan.gradient_study:
+            count = max(B, plan.gradient_study_victims) if plan.gradient_study_victims else 0
             try:
-                cases = gradient_cases(row, settings, run, vict, plan, B)
+                cases = gradient_cases(row, settings, run, vict, plan, B, count)
             except ValueError as err:  # the model cannot train on such a batch (BatchNorm1d and B = 1)
                 out.append({"strategy": row.name, "study_batch_size": B, "attack": f"none: {err}"})
                 continue
             outcome = attack_row(row, settings, cases, public, prior, to_unit, plan, {}, names)
+            scored_on = Victims(vict.part, vict.index[: len(outcome.truth)])
             for name in outcome.estimates:
-                record = scored(name, outcome.summary, outcome.per_image, vict, outcome.seconds[name], **cases[0].info)
+                record = scored(name, outcome.summary, outcome.per_image, scored_on, outcome.seconds[name],
+                                victims=len(outcome.truth), **cases[0].info)
                 out.append({"strategy": row.name, "study_batch_size": B, **record})
                 print(f"  study {row.name} B={B} {name}: gain {record['gain_snr_db']:+.2f} dB", flush=True)
     return out
