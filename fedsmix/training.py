@@ -195,7 +195,7 @@ def _private(model: nn.Module, optimizer, cfg: TrainConfig, rows: torch.Tensor, 
     if cfg.proximal_mu > 0:
         raise ValueError("dp-sgd-epsilon > 0 with proximal-mu > 0: Opacus would drop the proximal gradient")
     loader = DataLoader(TensorDataset(rows), batch_size=cfg.batch_size, generator=generator)
-    noise = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    noise = torch.Generator(device=cfg.device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
     engine = PrivacyEngine(accountant="rdp")
     common = dict(module=model, optimizer=optimizer, data_loader=loader, max_grad_norm=cfg.dp_max_grad_norm,
                   noise_generator=noise, poisson_sampling=True)
