@@ -320,7 +320,7 @@ def candidate_names(settings: Settings) -> list[str]:
     names = []
     for family in FAMILIES[settings.trainer]:
         if family in LINEAR:
-            names += [f"{family}@{gamma:g}" for gamma in settings.ridge_gammas]
+            names += [f"{family}@{gamma:g}" for gamma in settings.head_penalties]
         else:
             names.append(family)
     return names

@@ -113,7 +113,7 @@ class Settings(BaseModel):
     eval_every: int = Field(0, ge=0, description="epochs between test evaluations of the central model; 0 = at the end")
     # issue 14: the central trainer of mixup-union (fedsmix/central.py) and its honest selection
     trainer: Literal[TRAINERS] = "auto"  # type: ignore[valid-type]
-    ridge_gammas: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+    head_penalties: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # gamma of the closed-form heads
     validation_fraction: float = Field(0.1, ge=0, lt=1, description="upload rows per party held out for selection")
     return_model: bool = Field(True, description="send the model back; each party recalibrates it on its own data")
     # federated baselines
@@ -158,7 +158,7 @@ class Settings(BaseModel):
     def _split_csv(cls, value: Any) -> tuple[str, ...]:
         return _csv(value)
 
-    @field_validator("ridge_gammas", mode="before")
+    @field_validator("head_penalties", mode="before")
     @classmethod
     def _split_floats(cls, value: Any) -> tuple[float, ...]:
         if isinstance(value, str):
@@ -206,10 +206,10 @@ class Settings(BaseModel):
         if self.radius_mode == "fixed" and self.radius <= 0 and self.encoder == "singularized":
             raise ValueError("radius-mode 'fixed' needs radius > 0")
         linear = self.trainer.startswith(("ridge", "lda"))
-        if self.validation_fraction == 0 and (self.trainer == "auto" or (linear and len(self.ridge_gammas) > 1)):
+        if self.validation_fraction == 0 and (self.trainer == "auto" or (linear and len(self.head_penalties) > 1)):
             raise ValueError(
-                f"validation-fraction 0 leaves nothing to choose trainer {self.trainer!r} (and ridge-gammas) with; "
-                "set validation-fraction > 0, or one trainer with one ridge-gammas value"
+                f"validation-fraction 0 leaves nothing to choose trainer {self.trainer!r} (and head-penalties) with; "
+                "set validation-fraction > 0, or one trainer with one head-penalties value"
             )
         if self.radius_mode == "pixel-mapped" and self.backbone == "none":
             raise ValueError("radius-mode 'pixel-mapped' needs a backbone (mixing in feature space)")

@@ -95,7 +95,7 @@ def _party_scores(clean):
 
 def test_under_large_known_noise_the_noise_aware_trainers_beat_the_mlp():
     settings = load_settings({"model": "mlp", "epochs": 15, "batch-size": 64, "trainer": "auto",
-                              "ridge-gammas": "0.01,1,100"})
+                              "head-penalties": "0.01,1,100"})
     union, clean, (x_test, y_test) = _synthetic_union(settings, radius=150.0)
     public, _ = blobs(1000, seed=5)
     accuracy = {}
@@ -112,7 +112,7 @@ def test_under_large_known_noise_the_noise_aware_trainers_beat_the_mlp():
 
 
 def test_selection_never_reads_the_test_split(monkeypatch):
-    settings = load_settings({"model": "mlp", "epochs": 2, "trainer": "auto", "ridge-gammas": "0.1,10"})
+    settings = load_settings({"model": "mlp", "epochs": 2, "trainer": "auto", "head-penalties": "0.1,10"})
     union, clean, _ = _synthetic_union(settings, radius=5.0, parties=2, n=200)
 
     def refuse(name, split, *args, **kwargs):
