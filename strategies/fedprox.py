@@ -28,10 +28,10 @@ from strategies.common import bytes_summary, split_replies
 
 
 class ReportingFedProx(FedProx):
-    def __init__(self, ctx: RunContext, require_all: bool = False, **kwargs):
+    def __init__(self, ctx: RunContext, dp_sample: int = 0, **kwargs):
         super().__init__(**kwargs)
         self.ctx = ctx
-        self.require_all = require_all  # DP-FedAvg: the noise is sized for every sampled party
+        self.dp_sample = dp_sample  # DP-FedAvg: the noise is sized for exactly this many parties each round
         self.sampled: dict[int, list[int]] = {}
         self.dropped: list[dict] = []
         self.parties_used: set[int] = set()
@@ -44,6 +44,9 @@ class ReportingFedProx(FedProx):
                 f"round {server_round}: {available} parties connected; min-parties is {self.min_available_nodes}"
             )
         messages = list(super().configure_train(server_round, arrays, config, grid))
+        if self.dp_sample and len(messages) != self.dp_sample:
+            raise RunAborted(f"round {server_round}: sampled {len(messages)} parties, DP-FedAvg's noise is sized for "
+                             f"{self.dp_sample}")
         self.sampled[server_round] = [m.metadata.dst_node_id for m in messages]
         return messages
 
@@ -58,7 +61,7 @@ class ReportingFedProx(FedProx):
         # replies arrive in whatever order the parties finish; summing in party order makes the
         # aggregate (floating-point addition is not associative) the same in every run
         ok.sort(key=lambda reply: int(reply.content["metrics"]["party"]))
-        if self.require_all and len(ok) < len(self.sampled.get(server_round, [])):
+        if self.dp_sample and len(ok) < len(self.sampled.get(server_round, [])):
             raise RunAborted(
                 f"round {server_round}: {len(ok)} of {len(self.sampled[server_round])} sampled parties replied; "
                 "DP-FedAvg's noise is sized for all of them, so no aggregate is released",
@@ -84,9 +87,10 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
     num_classes = datalib.spec(s.dataset).num_classes
     model = new_classifier(s, mixing_shape(s), num_classes)
     dp = s.dp_fedavg != "off"
+    sampled = dp_fedavg.sampled_per_round(s, parties)
     strategy = ReportingFedProx(
         ctx,
-        require_all=dp,
+        dp_sample=sampled if dp else 0,
         fraction_train=s.fraction_train,
         fraction_evaluate=0.0,
         min_train_nodes=s.min_parties,
@@ -94,7 +98,6 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
         proximal_mu=mu,
         weighted_by_key="equal-weight" if dp else "num-examples",
     )
-    sampled = dp_fedavg.sampled_per_round(s, parties)
     runner = dp_fedavg.wrap(strategy, s, sampled) if dp else strategy
     if dp:  # Flower draws the DP noise from numpy's global generator: seeded, a run is replayable
         np.random.seed(derive_seed(s.seed, "dp-fedavg-noise") % 2**32)
