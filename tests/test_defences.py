@@ -192,3 +192,15 @@ def test_a_dp_run_reports_the_accountants_epsilon_with_every_defence_at_once(run
     assert result["dp-sgd"]["epsilon"] == pytest.approx(6.0, rel=0.02)
     saved = torch.load(result["global-model"], weights_only=True)
     assert not any("running" in key for key in saved)  # GroupNorm: every array sent is clipped and noised
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10"])
+def test_the_defences_presets_plan_every_row(dataset):
+    from commands.frontier.plan import load_plan
+
+    preset = f"configs/frontier-defences-{dataset}.yaml"
+    base, plan = load_settings(preset=preset), load_plan(preset)
+    assert len(plan.rows) == 25 and plan.gradient_batch_size == 32 and plan.gradient_round == "last"
+    built = {name: parse_row(name).settings(base, Path("/tmp/x"), plan.parties) for name in plan.rows}
+    assert built["fedavg-instahide-k4-prune0.9"].batch_mix == "instahide"
+    assert built["fedavg-dp-eps2"].dp_noise_multiplier > built["fedavg-dp-eps32"].dp_noise_multiplier
