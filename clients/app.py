@@ -9,15 +9,27 @@ from __future__ import annotations
 
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import fixedclipping_mod
+from flwr.clientapp.typing import ClientAppCallable
 
 from fedsmix.central import test_accuracy
 from fedsmix.config import Settings
 from fedsmix.device import select_device
 from fedsmix.faults import maybe_fail
-from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
+from fedsmix.party import dp_sgd_spent, load_partition, personalize, prepare_upload, score_candidates, train_local
 from fedsmix.space import load_test
 
 app = ClientApp()
+CLIPPING_NORM = "clipping_norm"  # the key Flower's DifferentialPrivacyClientSideFixedClipping sends
+
+
+def dp_clipping_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower's `fixedclipping_mod` on the rounds whose server wraps its strategy in client-side DP clipping
+    (their config carries the clipping norm); local-only training passes through untouched."""
+    config = msg.content.config_records.get("config")
+    if config is not None and CLIPPING_NORM in config:
+        return fixedclipping_mod(msg, context, call_next)
+    return call_next(msg, context)
 
 
 def _settings(msg: Message, context: Context) -> tuple[Settings, int, int]:
@@ -80,7 +92,7 @@ def personalize_model(msg: Message, context: Context) -> Message:
     return _reply(msg, {"party": party, "accuracy": test_accuracy(model, load_test(settings), device)["accuracy"]})
 
 
-@app.train()
+@app.train(mods=[dp_clipping_mod])
 def train(msg: Message, context: Context) -> Message:
     """Local-only training, or one FedAvg/FedProx round (proximal term when proximal-mu > 0)."""
     settings, party, num_parties = _settings(msg, context)
@@ -88,20 +100,25 @@ def train(msg: Message, context: Context) -> Message:
     mode = str(config.get("mode", "federated"))
     maybe_fail(settings.fault, party, mode, settings.reply_timeout)
     device = select_device(settings.device)
+    server_round = int(config.get("server-round", 0))
     result = train_local(
         settings,
         load_partition(settings, party, num_parties),
         msg.content["arrays"].to_torch_state_dict(),
         mode=mode,
-        server_round=int(config.get("server-round", 0)),
+        server_round=server_round,
         proximal_mu=float(config.get("proximal-mu", 0.0)),
         device=device,
     )
     metrics = {
         "party": party,
         "num-examples": result.num_examples,
+        "equal-weight": 1,  # DP-FedAvg aggregates by this key: every party counts the same
         "train-loss": result.report.losses[-1],
         "train-seconds": result.report.seconds,
         "on-cuda": int(device.startswith("cuda")),
     }
+    if (spent := dp_sgd_spent(settings, result.report, server_round)) is not None:
+        metrics["dp-sgd-epsilon"] = spent
+        metrics["dp-sgd-noise-multiplier"] = result.report.dp_noise_multiplier
     return _reply(msg, metrics, arrays=ArrayRecord(result.model.cpu().state_dict()))

@@ -123,6 +123,8 @@ def federated(settings: Settings, num_parties: int, test, device: str, mode: str
     """FedAvg (mu = 0) / FedProx rounds; every party trains each round (fraction-train is not sampled here)."""
     if settings.fraction_train < 1:
         raise ValueError("fraction-train < 1 needs Flower's sampling: use --engine simulate or flwr")
+    if settings.dp_fedavg != "off":
+        raise ValueError("dp-fedavg runs through Flower's DP wrappers and accountant: use --engine simulate or flwr")
     t0 = time.perf_counter()
     mu = settings.proximal_mu if mode == "fedprox" else 0.0
     model = _initial(settings)

@@ -22,7 +22,7 @@ DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-ima
 ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none")
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
 TRAINERS = ("auto", "mlp", "mlp-recal", "ridge", "ridge-eiv", "lda", "lda-public")
-ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient")
+ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient", "gradient-realistic")
 # fault injection (clients/faults.py): a party raises or stalls, the server's central training is
 # interrupted after an epoch, or a party sends one kind of bad upload
 FAULT_FAILURES = ("raise", "timeout", "interrupt")
@@ -122,6 +122,19 @@ class Settings(BaseModel):
     proximal_mu: float = Field(0.01, ge=0)
     fraction_train: float = Field(1.0, gt=0, le=1)
     client_lr: float = Field(0.05, gt=0)
+    # issue 16: defences in local training (FedAvg/FedProx parties only; docs/defences.md)
+    prune_ratio: float = Field(
+        0.0, ge=0, lt=1, description="fraction of each trainable tensor's round update zeroed (smallest |change|)"
+    )
+    batch_mix: Literal["none", "mixup", "instahide"] = "none"  # each local batch mixed (Intra-InstaHide: + signs)
+    batch_mix_k: int = Field(4, ge=2, description="images mixed into each training input (cap: coefficient-cap)")
+    model_norm: Literal["batch", "group"] = "batch"  # group: Opacus' ModuleValidator.fix (BatchNorm -> GroupNorm)
+    dp_sgd_epsilon: float = Field(0.0, ge=0, description="per-party DP-SGD (Opacus) target epsilon; 0 = off")
+    dp_sgd_max_grad_norm: float = Field(1.0, gt=0, description="DP-SGD per-sample clipping norm")
+    dp_fedavg: Literal["off", "server", "client"] = "off"  # Flower's DP wrapper, fixed clipping on that side
+    dp_noise_multiplier: float = Field(1.0, gt=0, description="DP-FedAvg: noise std / clipping norm")
+    dp_clipping_norm: float = Field(1.0, gt=0, description="DP-FedAvg: bound on each party's update norm")
+    dp_delta: float = Field(1e-5, gt=0, lt=1, description="delta of both DP guarantees (DP-FedAvg, DP-SGD)")
     # parties, reliability
     min_parties: int = Field(2, ge=2)
     reply_timeout: float = Field(600.0, gt=0)
@@ -204,6 +217,20 @@ class Settings(BaseModel):
             raise ValueError(
                 f"coefficient-cap {self.coefficient_cap} x mix-k {self.mix_k} < 1: the weights cannot sum to 1"
             )
+        if self.batch_mix != "none" and self.coefficient_cap * self.batch_mix_k < 1:
+            raise ValueError(
+                f"coefficient-cap {self.coefficient_cap} x batch-mix-k {self.batch_mix_k} < 1: "
+                "the weights cannot sum to 1"
+            )
+        if self.dp_sgd_epsilon > 0 and self.model_norm != "group":
+            raise ValueError("dp-sgd-epsilon > 0 needs model-norm 'group': Opacus refuses BatchNorm (per-sample "
+                             "gradients do not exist when a batch's statistics mix its samples)")
+        if self.dp_sgd_epsilon > 0 and self.proximal_mu > 0 and "fedprox" in self.strategies:
+            raise ValueError("dp-sgd-epsilon > 0 with fedprox: Opacus clips per-sample gradients of the loss and "
+                             "would drop the proximal term's gradient; use fedavg (proximal-mu 0)")
+        if self.dp_fedavg != "off" and self.model_norm != "group":
+            raise ValueError("dp-fedavg needs model-norm 'group': BatchNorm's running statistics (and its integer "
+                             "batch counter) would be clipped and noised as if they were weights")
         if self.encoder == "instahide-cross":
             if self.mix_k < 3:
                 raise ValueError(

@@ -3,6 +3,8 @@
 Flower's FedProx sends `proximal-mu` to the parties; the client adds (mu/2)||w - w_global||^2.
 The subclass only adds what a long run needs: a bounded wait instead of Flower's endless one,
 a record of parties that dropped (and in which round), and an abort when too few remain.
+With `dp-fedavg` it runs inside Flower's own DP wrapper (strategies/dp_fedavg.py): every sampled party
+must then reply, and the rounds it aggregated are the releases the accountant counts.
 """
 
 from __future__ import annotations
@@ -10,24 +12,30 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedProx
 
 from fedsmix import data as datalib
 from fedsmix.central import test_accuracy
 from fedsmix.models import new_classifier
+from fedsmix.seeding import derive_seed
 from fedsmix.space import mixing_shape
 from server.context import RunAborted, RunContext
+from strategies import dp_fedavg
 from strategies.common import bytes_summary, split_replies
 
 
 class ReportingFedProx(FedProx):
-    def __init__(self, ctx: RunContext, **kwargs):
+    def __init__(self, ctx: RunContext, dp_sample: int = 0, **kwargs):
         super().__init__(**kwargs)
         self.ctx = ctx
+        self.dp_sample = dp_sample  # DP-FedAvg: the noise is sized for exactly this many parties each round
         self.sampled: dict[int, list[int]] = {}
         self.dropped: list[dict] = []
         self.parties_used: set[int] = set()
+        self.released: list[int] = []  # rounds whose aggregate went out
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
         available = len(list(grid.get_node_ids()))
@@ -36,6 +44,9 @@ class ReportingFedProx(FedProx):
                 f"round {server_round}: {available} parties connected; min-parties is {self.min_available_nodes}"
             )
         messages = list(super().configure_train(server_round, arrays, config, grid))
+        if self.dp_sample and len(messages) != self.dp_sample:
+            raise RunAborted(f"round {server_round}: sampled {len(messages)} parties, DP-FedAvg's noise is sized for "
+                             f"{self.dp_sample}")
         self.sampled[server_round] = [m.metadata.dst_node_id for m in messages]
         return messages
 
@@ -50,6 +61,12 @@ class ReportingFedProx(FedProx):
         # replies arrive in whatever order the parties finish; summing in party order makes the
         # aggregate (floating-point addition is not associative) the same in every run
         ok.sort(key=lambda reply: int(reply.content["metrics"]["party"]))
+        if self.dp_sample and len(ok) < len(self.sampled.get(server_round, [])):
+            raise RunAborted(
+                f"round {server_round}: {len(ok)} of {len(self.sampled[server_round])} sampled parties replied; "
+                "DP-FedAvg's noise is sized for all of them, so no aggregate is released",
+                {"dropped": self.dropped},
+            )
         if len(ok) < self.min_train_nodes:
             lost = "; ".join(f"party {d['party']} (node {d['node']}) at {d['time']}: {d['reason']}" for d in dropped)
             raise RunAborted(
@@ -57,23 +74,33 @@ class ReportingFedProx(FedProx):
                 + (f"; dropped {lost}" if lost else ""),
                 {"dropped": self.dropped},
             )
-        return super().aggregate_train(server_round, ok)
+        arrays, metrics = super().aggregate_train(server_round, ok)
+        if arrays is not None:
+            self.released.append(server_round)
+        return arrays, metrics
 
 
 def run(ctx: RunContext, mu: float | None = None) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     mu = s.proximal_mu if mu is None else mu
-    ctx.nodes()
+    parties = len(ctx.nodes())
     num_classes = datalib.spec(s.dataset).num_classes
     model = new_classifier(s, mixing_shape(s), num_classes)
+    dp = s.dp_fedavg != "off"
+    sampled = dp_fedavg.sampled_per_round(s, parties)
     strategy = ReportingFedProx(
         ctx,
+        dp_sample=sampled if dp else 0,
         fraction_train=s.fraction_train,
         fraction_evaluate=0.0,
         min_train_nodes=s.min_parties,
         min_available_nodes=s.min_parties,
         proximal_mu=mu,
+        weighted_by_key="equal-weight" if dp else "num-examples",
     )
+    runner = dp_fedavg.wrap(strategy, s, sampled) if dp else strategy
+    if dp:  # Flower draws the DP noise from numpy's global generator: seeded, a run is replayable
+        np.random.seed(derive_seed(s.seed, "dp-fedavg-noise") % 2**32)
     curve: list[dict] = []
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -83,7 +110,7 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
         return MetricRecord(metrics)
 
     grid = ctx.counting_grid()
-    result = strategy.start(
+    result = runner.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=s.rounds,
@@ -93,6 +120,17 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
     )
     nodes = sorted(set(ctx.traffic.to_node))
     final = curve[-1]["accuracy"] if curve else None
+    path = ctx.run_dir / f"global-model-{'fedprox' if mu > 0 else 'fedavg'}.pt"
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)  # a trained round to attack
+    train_metrics = {str(k): dict(v) for k, v in result.train_metrics_clientapp.items()}
+    extra = {"dp-fedavg": dp_fedavg.report(s, sampled, parties, strategy.released)} if dp else {}
+    if s.dp_sgd_epsilon > 0 and train_metrics:
+        last = train_metrics[max(train_metrics, key=int)]
+        extra["dp-sgd"] = {
+            "target-epsilon": s.dp_sgd_epsilon, "delta": s.dp_delta, "max-grad-norm": s.dp_sgd_max_grad_norm,
+            "epsilon": last.get("dp-sgd-epsilon"), "noise-multiplier": last.get("dp-sgd-noise-multiplier"),
+            "accountant": "Opacus RDP, per party (mean over parties of the last round), Poisson sampling",
+        }
     return {
         "accuracy": final,
         "proximal-mu": mu,
@@ -103,7 +141,10 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
         "dropped": strategy.dropped,
         "rejected": [],
         "wall-seconds": time.perf_counter() - t0,
-        "train-metrics": {str(k): dict(v) for k, v in result.train_metrics_clientapp.items()},
+        "train-metrics": train_metrics,
+        "local-train-seconds": sum(float(m.get("train-seconds", 0.0)) for m in train_metrics.values()),
+        "global-model": str(path),
+        **extra,
         **bytes_summary(ctx, nodes),
     }
 
