@@ -175,23 +175,25 @@ class Moments:
     mean_y: torch.Tensor  # (C,)
     xx: torch.Tensor  # (d, d) covariance
     xy: torch.Tensor  # (d, C) cross-covariance
+    yy: torch.Tensor  # (C,) mean squared label per class (how unevenly the soft labels weight the rows)
 
     @classmethod
     def of(cls, x, y: np.ndarray, block: int = 4096) -> Moments:
         n = len(y)
         first = _flat(x[np.arange(min(block, n))])
         d, c = first.shape[1], y.shape[1]
-        sx, sy = torch.zeros(d, dtype=torch.float64), torch.zeros(c, dtype=torch.float64)
+        sx, sy, syy = (torch.zeros(k, dtype=torch.float64) for k in (d, c, c))
         sxx, sxy = torch.zeros(d, d, dtype=torch.float64), torch.zeros(d, c, dtype=torch.float64)
         for start in range(0, n, block):
             xb = first if start == 0 else _flat(x[np.arange(start, min(start + block, n))])
             yb = torch.from_numpy(np.asarray(y[start : start + block], dtype=np.float64))
             sx += xb.sum(0)
             sy += yb.sum(0)
+            syy += (yb * yb).sum(0)
             sxx.addmm_(xb.T, xb)
             sxy.addmm_(xb.T, yb)
         mx, my = sx / n, sy / n
-        return cls(n, mx, my, sxx / n - torch.outer(mx, mx), sxy / n - torch.outer(mx, my))
+        return cls(n, mx, my, sxx / n - torch.outer(mx, mx), sxy / n - torch.outer(mx, my), syy / n)
 
 
 def _flat(rows) -> torch.Tensor:
@@ -223,6 +225,8 @@ def linear_heads(kind: str, m: Moments, gammas: tuple[float, ...], noise_var: fl
                  mu_c - mean = C_xy[:, c] / (pi_c * mix_scale) (soft labels pull every mixed class mean
                  towards the overall mean by mix_scale) and the within-class covariance S_w = the clean
                  total covariance (S - sigma^2 I) / mix_scale less the between-class one, floored at 0;
+                 The quadratic term is debiased for the noise in the estimated means (at small tau the
+                 noise in mu_c's estimate, not mu_c, would dominate mu_c S_w^-1 mu_c);
     lda-public:  S_w's shape from the public pool's covariance (`prior`), scaled to S_w's trace.
     C_xy always comes from the uploads: the noise is independent of the labels, so it is unbiased there.
     """
@@ -250,10 +254,14 @@ def linear_heads(kind: str, m: Moments, gammas: tuple[float, ...], noise_var: fl
     values, vectors = torch.linalg.eigh(within)
     values = values.clamp_min(0)
     scale, rotated = max(float(values.mean()), 1e-12), vectors.T @ means
+    # per coordinate, the variance of an estimated mean: the uploads' variance, weighted by the soft labels
+    mean_var = (float(torch.trace(m.xx)) / d) * m.yy / (m.n * prior_c**2) / mix_scale**2
     heads = {}
     for gamma in gammas:
-        weight = vectors @ (rotated / (values + gamma * scale).unsqueeze(1))  # S_w^-1 (mu_c - mean)
-        bias = -0.5 * (means * weight).sum(0) + prior_c.log() - m.mean_x @ weight
+        shrunk = values + gamma * scale
+        weight = vectors @ (rotated / shrunk.unsqueeze(1))  # S_w^-1 (mu_c - mean)
+        quadratic = (means * weight).sum(0) - mean_var * float((1.0 / shrunk).sum())
+        bias = -0.5 * quadratic + prior_c.log() - m.mean_x @ weight
         heads[f"{kind}@{gamma:g}"] = LinearHead(weight, bias)
     return heads
 
