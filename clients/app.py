@@ -7,7 +7,10 @@ the permutation, the seed or a raw sample.
 
 from __future__ import annotations
 
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+import socket
+import sys
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsmix.central import test_accuracy
@@ -34,12 +37,22 @@ def _reply(msg: Message, metrics: dict, **records) -> Message:
     return Message(RecordDict({**records, "metrics": numbers}), reply_to=msg)
 
 
+def where_running() -> dict[str, str]:
+    """The host, and the Ray node this ClientApp runs on when the simulation engine placed it in a Ray actor."""
+    where = {"hostname": socket.gethostname()}
+    ray = sys.modules.get("ray")  # never import Ray here: a SuperNode of the deployment runtime has none
+    if ray is not None and ray.is_initialized():
+        where["ray-node-id"] = ray.get_runtime_context().get_node_id()
+    return where
+
+
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
-    """Say which party this node is; load the partition now (a cold start happens here, not in a timed phase)."""
+    """Say which party this node is (and where it runs); load the partition now (a cold start happens here,
+    not in a timed phase)."""
     settings, party, num_parties = _settings(msg, context)
     part = load_partition(settings, party, num_parties)
-    return _reply(msg, {"party": party, "num-examples": len(part.labels)})
+    return _reply(msg, {"party": party, "num-examples": len(part.labels)}, node=ConfigRecord(where_running()))
 
 
 @app.query("encode")

@@ -64,7 +64,7 @@ class Partition:
 
 
 def load_partition(settings: Settings, party: int, num_parties: int) -> Partition:
-    raw = datalib.load_split(settings.dataset, "train", settings.data_dir, settings.download)
+    raw = datalib.load_dataset(settings, "train")
     subset = train_subset_rows(settings, len(raw))
     rows = partition_indices(
         raw.labels if subset is None else raw.labels[subset],
