@@ -18,6 +18,7 @@ from fedsmix.config import Settings
 from fedsmix.device import select_device
 from fedsmix.faults import maybe_fail
 from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
+from fedsmix.progress import Progress
 from fedsmix.space import load_test
 
 app = ClientApp()
@@ -101,6 +102,10 @@ def train(msg: Message, context: Context) -> Message:
     mode = str(config.get("mode", "federated"))
     maybe_fail(settings.fault, party, mode, settings.reply_timeout)
     device = select_device(settings.device)
+    # a party's long local-only training prints its epochs (Flower streams a ClientApp's stdout through Ray,
+    # seconds late); the server's progress.jsonl records the party when its model arrives
+    report = Progress(None, interval=settings.progress_interval).epochs(
+        settings.epochs, phase=f"party {party} local training", strategy=mode) if mode == "local-only" else None
     result = train_local(
         settings,
         load_partition(settings, party, num_parties),
@@ -109,6 +114,7 @@ def train(msg: Message, context: Context) -> Message:
         server_round=int(config.get("server-round", 0)),
         proximal_mu=float(config.get("proximal-mu", 0.0)),
         device=device,
+        on_epoch=report,
     )
     metrics = {
         "party": party,

@@ -121,9 +121,9 @@ def local_only(settings: Settings, num_parties: int, test, device: str, progress
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     accuracy = {}
     for party in range(num_parties):
-        result = train_local(
-            settings, load_partition(settings, party, num_parties), initial, mode="local-only", device=device
-        )
+        report = progress.epochs(settings.epochs, phase=f"party {party} local training")
+        result = train_local(settings, load_partition(settings, party, num_parties), initial, mode="local-only",
+                             device=device, on_epoch=report)
         accuracy[party] = test_accuracy(result.model, test, device)["accuracy"]
         progress.emit("party", party=party, done=party + 1, of=num_parties, accuracy=accuracy[party],
                       **{"train-seconds": result.report.seconds})

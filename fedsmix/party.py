@@ -241,9 +241,11 @@ def train_local(
     server_round: int = 0,
     proximal_mu: float = 0.0,
     device: str = "cpu",
+    on_epoch=None,
 ) -> LocalResult:
     """Local-only training (`mode="local-only"`: the central recipe, alone) or one FedAvg/FedProx
-    round (`"federated"`: `local-epochs` of SGD from the global weights, plus (mu/2)||w - w_global||^2)."""
+    round (`"federated"`: `local-epochs` of SGD from the global weights, plus (mu/2)||w - w_global||^2).
+    `on_epoch(epoch, loss)` hears each epoch (the party's progress line)."""
     model = new_classifier(settings, part.sample_shape, part.num_classes)
     model.load_state_dict(global_state)
     if mode == "local-only":
@@ -255,5 +257,6 @@ def train_local(
     else:
         raise ValueError(f"mode: unknown {mode!r}; allowed: local-only, federated")
     torch.manual_seed(settings.seed + part.party)
-    report = train(model, part.x, part.one_hot(), cfg, generator(settings.seed, *purpose), proximal_reference=reference)
+    report = train(model, part.x, part.one_hot(), cfg, generator(settings.seed, *purpose), proximal_reference=reference,
+                   on_epoch=on_epoch)
     return LocalResult(model, report, len(part.labels))

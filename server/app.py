@@ -114,7 +114,8 @@ def record_parties(results: dict, ctx: RunContext) -> None:
     results["node-party"] = {str(node): party for node, party in sorted(ctx.node_party.items())}
     if ctx.node_ray:  # the ClientApps ran under Ray: which Ray node each party ran on
         results["party-ray-node"] = {
-            str(party): ctx.node_ray[node] for node, party in sorted(ctx.node_party.items()) if node in ctx.node_ray
+            str(party): ctx.node_ray[node]
+            for node, party in sorted(ctx.node_party.items(), key=lambda kv: kv[1]) if node in ctx.node_ray
         }
 
 
