@@ -121,7 +121,9 @@ def local_only(settings: Settings, num_parties: int, test, device: str, progress
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     accuracy = {}
     for party in range(num_parties):
-        report = progress.epochs(settings.epochs, phase=f"party {party} local training")
+        # the party's own epochs: printed, not recorded, as the ClientApp does (clients/app.py)
+        report = Progress(None, echo=progress.echo, interval=progress.interval).epochs(
+            settings.epochs, phase=f"party {party} local training", strategy="local-only")
         result = train_local(settings, load_partition(settings, party, num_parties), initial, mode="local-only",
                              device=device, on_epoch=report)
         accuracy[party] = test_accuracy(result.model, test, device)["accuracy"]

@@ -338,8 +338,10 @@ def _check_classes(where: str, train: np.ndarray, test: np.ndarray, classes: tup
     empty = np.flatnonzero(counts == 0)
     if len(empty):
         names = [classes[i] if classes else str(i) for i in empty[:10]]
-        raise DatasetError(f"{where}: class {', '.join(names)} has no training samples (an empty class); "
-                           "relabel to 0..K-1 without gaps")
+        more = f" and {len(empty) - 10} more" if len(empty) > 10 else ""
+        basis = f"{k} class names" if classes else f"K = {k}: the largest training label is {k - 1}"
+        raise DatasetError(f"{where}: class {', '.join(names)}{more} has no training samples (an empty class; "
+                           f"{basis}); relabel to 0..K-1 without gaps")
     return k
 
 

@@ -55,8 +55,8 @@ def describe(event: dict[str, Any]) -> str:
     g = (lambda key: "-" if e.get(key) is None else e[key])  # noqa: E731 (a missing field reads "-")
     where = f"[{e['strategy']}] " if e.get("strategy") else ""
     if kind == "run-start":
-        text = (f"run {g('run-dir')}: strategies {','.join(e.get('strategies') or [])}, dataset {g('dataset')}, "
-                f"{g('parties')} parties")
+        text = (f"run {g('run-dir')}: strategies {','.join(e.get('strategies') or [])}, dataset {g('dataset')}"
+                + (f", {e['parties']} parties" if e.get("parties") else ""))
     elif kind == "dataset":
         text = (f"dataset {g('name')}" + (f" ({e['layout']} {e['path']})" if e.get("path") else "")
                 + f": {g('channels')} channel(s), {g('image-size')}x{g('image-size')} px, {g('num-classes')} classes")
@@ -113,11 +113,11 @@ def describe(event: dict[str, Any]) -> str:
     elif kind == "alive":
         text = f"still working; last: {g('step')} ({clock(e.get('since'))} ago)"
     elif kind == "run-end":
-        text = f"run finished after {clock(e.get('elapsed'))}"
+        text = f"run finished after {clock(e.get('clock'))}"
         if e.get("failures"):
             text += f"; failures: {'; '.join(e['failures'])}"
     else:
-        fields = {k: v for k, v in e.items() if k not in ("kind", "time", "elapsed", "strategy")}
+        fields = {k: v for k, v in e.items() if k not in ("kind", "time", "clock", "strategy")}
         text = f"{kind} " + " ".join(f"{k}={v}" for k, v in fields.items())
     return f"{PREFIX} {where}{text}"
 
@@ -142,11 +142,13 @@ class Progress:
         return Progress(self.path, self.echo, self.interval, self._stream, self._shared, **{**self.fields, **fields})
 
     @property
-    def elapsed(self) -> float:
+    def clock(self) -> float:
         return time.monotonic() - self._shared["t0"]
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
-        event = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "elapsed": round(self.elapsed, 3),
+        # `clock`: seconds since the run began (the same clock for every event of the run); a step's own
+        # time is its `elapsed`
+        event = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "clock": round(self.clock, 3),
                  "kind": kind, **self.fields, **fields}
         line = describe(event)
         with self._shared["lock"]:
@@ -156,7 +158,8 @@ class Progress:
                 with open(self.path, "a", encoding="utf-8") as handle:
                     handle.write(json.dumps(event, default=str) + "\n")
             if kind != "alive":
-                self._shared["last"], self._shared["last-time"] = line.removeprefix(PREFIX + " "), time.monotonic()
+                where = f"{PREFIX} [{event['strategy']}] " if event.get("strategy") else f"{PREFIX} "
+                self._shared["last"], self._shared["last-time"] = line.removeprefix(where), time.monotonic()
         return event
 
     # ------------------------------------------------------------------------ epochs, ETA
@@ -185,13 +188,14 @@ class Progress:
 
     # ---------------------------------------------------------------------------- watchdog
     @contextmanager
-    def watch(self) -> Iterator[Progress]:
-        """While the block runs, emit `alive` after 2 x interval seconds (at least 5 s) without an event."""
-        silence = max(2 * self.interval, 5.0)
+    def watch(self, silence: float | None = None) -> Iterator[Progress]:
+        """While the block runs, emit `alive` after `silence` seconds without an event (default: 2 x interval,
+        at least 5 s)."""
+        silence = max(2 * self.interval, 5.0) if silence is None else silence
         stop = threading.Event()
 
         def watchdog() -> None:
-            while not stop.wait(1.0):
+            while not stop.wait(min(1.0, silence / 2)):
                 quiet = time.monotonic() - self._shared["last-time"]
                 if quiet >= silence:
                     self.emit("alive", step=self._shared["last"] or "starting", since=round(quiet, 1))
