@@ -46,6 +46,15 @@ def _csv(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _floats(value: Any) -> tuple[float, ...]:
+    """'1e-3,0.1', a list, or one number -> floats."""
+    if isinstance(value, str):
+        values = _csv(value)
+    else:
+        values = tuple(value) if isinstance(value, list | tuple) else (value,)
+    return tuple(float(v) for v in values)
+
+
 def parse_faults(spec: str) -> dict[str, set[int]]:
     """'kind:ids;kind:ids' -> {kind: ids}: known kinds, integer ids (party ids; an epoch for interrupt)."""
     allowed = FAULT_FAILURES + FAULT_CORRUPTIONS
@@ -158,22 +167,15 @@ class Settings(BaseModel):
     @field_validator("dataset_mean", "dataset_std", mode="before")
     @classmethod
     def _split_statistics(cls, value: Any) -> tuple[float, ...]:
-        if isinstance(value, str):
-            values = _csv(value)
-        else:
-            values = tuple(value) if isinstance(value, list | tuple) else (value,)
-        return tuple(float(v) for v in values)
+        return _floats(value)
 
     @field_validator("ridge_gammas", mode="before")
     @classmethod
     def _split_floats(cls, value: Any) -> tuple[float, ...]:
-        if isinstance(value, str):
-            values = _csv(value)
-        else:
-            values = tuple(value) if isinstance(value, list | tuple) else (value,)
-        if not values or any(float(v) <= 0 for v in values):
+        values = _floats(value)
+        if not values or any(v <= 0 for v in values):
             raise ValueError(f"give one or more penalties > 0, got {value!r}")
-        return tuple(float(v) for v in values)
+        return values
 
     @field_validator("strategies")
     @classmethod
