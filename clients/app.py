@@ -7,7 +7,6 @@ the permutation, the seed or a raw sample.
 
 from __future__ import annotations
 
-import socket
 import sys
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -38,22 +37,23 @@ def _reply(msg: Message, metrics: dict, **records) -> Message:
     return Message(RecordDict({**records, "metrics": numbers}), reply_to=msg)
 
 
-def where_running() -> dict[str, str]:
-    """The host, and the Ray node this ClientApp runs on when the simulation engine placed it in a Ray actor."""
-    where = {"hostname": socket.gethostname()}
+def ray_node() -> dict[str, str]:
+    """The Ray node this ClientApp runs on, when the simulation engine placed it in a Ray actor (else nothing:
+    a SuperNode of the deployment runtime says nothing about its machine)."""
     ray = sys.modules.get("ray")  # never import Ray here: a SuperNode of the deployment runtime has none
     if ray is not None and ray.is_initialized():
-        where["ray-node-id"] = ray.get_runtime_context().get_node_id()
-    return where
+        return {"ray-node-id": ray.get_runtime_context().get_node_id()}
+    return {}
 
 
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
-    """Say which party this node is (and where it runs); load the partition now (a cold start happens here,
-    not in a timed phase)."""
+    """Say which party this node is (and, under Ray, on which Ray node it runs); load the partition now (a cold
+    start happens here, not in a timed phase)."""
     settings, party, num_parties = _settings(msg, context)
     part = load_partition(settings, party, num_parties)
-    return _reply(msg, {"party": party, "num-examples": len(part.labels)}, node=ConfigRecord(where_running()))
+    where = {"node": ConfigRecord(node)} if (node := ray_node()) else {}
+    return _reply(msg, {"party": party, "num-examples": len(part.labels)}, **where)
 
 
 @app.query("encode")
