@@ -90,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """A run's results table (what has finished so far) and its progress: the last events, or, with
     --follow, every event as it is written until the run ends."""
-    from fedsmix.progress import FILE, describe, follow, read_events
+    from fedsmix.progress import FILE, clock, describe, follow, read_events
     from server.results import render
 
     run_dir = Path(args.run_dir)
@@ -113,6 +113,9 @@ def cmd_show(args: argparse.Namespace) -> int:
                   + (f", running {current[-1]}" if current else "") + f"); last events of {events_path}:")
         for event in events[-args.events:] if args.events else events:
             print(describe(event))
+        clocks = [float(e.get("clock", 0.0)) for e in events]
+        silence = max((b - a for a, b in zip(clocks, clocks[1:])), default=0.0)
+        print(f"progress: {len(events)} events over {clock(clocks[-1])}; longest silence between two: {silence:.1f}s")
     return 0
 
 

@@ -88,6 +88,7 @@ def test_show_renders_a_run_still_in_progress(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "run in progress (0 strategies finished, running mixup-union)" in out
     assert "upload from party 0: 1 of 2 parties done" in out and "fedsmix results" not in out
+    assert "progress: 3 events over 0s; longest silence between two: 0.0s" in out
     mix.emit("strategy-end", accuracy=0.9, seconds=3)
     (run / "results.json").write_text(json.dumps({"settings": {"dataset": "digits"}, "num-parties": 2,
                                                   "strategies": {"mixup-union": {"accuracy": 0.9}}}))
