@@ -18,17 +18,18 @@ def settings_config(ctx: RunContext, **extra) -> ConfigRecord:
 
 def epoch_hook(
     ctx: RunContext, t0: float, curve: list[dict], phase: str = "central training",
-    then: Callable[[int, float], None] | None = None,
+    then: Callable[[int, float], None] | None = None, test: tuple | None = None,
 ):
-    """After each central epoch: test accuracy every `eval-every` epochs (a time-to-accuracy curve), the
-    progress line (loss, elapsed, ETA, that accuracy), then `then(epoch, loss)` (fault injection)."""
+    """After each central epoch: test accuracy every `eval-every` epochs (a time-to-accuracy curve; on `test`,
+    default the run's test split), the progress line (loss, elapsed, ETA, that accuracy), then `then(epoch,
+    loss)` (fault injection)."""
     every = ctx.settings.eval_every
     report = ctx.progress.epochs(ctx.settings.epochs, phase=phase)
 
     def on_epoch(model: torch.nn.Module, epoch: int, loss: float) -> None:
         accuracy = None
         if every and epoch % every == 0:
-            accuracy = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]
+            accuracy = test_accuracy(model, test or ctx.test_set(), ctx.device)["accuracy"]
             curve.append({"epoch": epoch, "accuracy": accuracy, "seconds": time.perf_counter() - t0})
         report(epoch, loss, accuracy)
         if then is not None:
