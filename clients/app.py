@@ -7,7 +7,9 @@ the permutation, the seed or a raw sample.
 
 from __future__ import annotations
 
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+import sys
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
@@ -17,6 +19,7 @@ from fedsmix.config import Settings
 from fedsmix.device import select_device
 from fedsmix.faults import maybe_fail
 from fedsmix.party import dp_sgd_spent, load_partition, personalize, prepare_upload, score_candidates, train_local
+from fedsmix.progress import Progress
 from fedsmix.space import load_test
 
 app = ClientApp()
@@ -46,12 +49,23 @@ def _reply(msg: Message, metrics: dict, **records) -> Message:
     return Message(RecordDict({**records, "metrics": numbers}), reply_to=msg)
 
 
+def ray_node() -> dict[str, str]:
+    """The Ray node this ClientApp runs on, when the simulation engine placed it in a Ray actor (else nothing:
+    a SuperNode of the deployment runtime says nothing about its machine)."""
+    ray = sys.modules.get("ray")  # never import Ray here: a SuperNode of the deployment runtime has none
+    if ray is not None and ray.is_initialized():
+        return {"ray-node-id": ray.get_runtime_context().get_node_id()}
+    return {}
+
+
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
-    """Say which party this node is; load the partition now (a cold start happens here, not in a timed phase)."""
+    """Say which party this node is (and, under Ray, on which Ray node it runs); load the partition now (a cold
+    start happens here, not in a timed phase)."""
     settings, party, num_parties = _settings(msg, context)
     part = load_partition(settings, party, num_parties)
-    return _reply(msg, {"party": party, "num-examples": len(part.labels)})
+    where = {"node": ConfigRecord(node)} if (node := ray_node()) else {}
+    return _reply(msg, {"party": party, "num-examples": len(part.labels)}, **where)
 
 
 @app.query("encode")
@@ -101,6 +115,10 @@ def train(msg: Message, context: Context) -> Message:
     maybe_fail(settings.fault, party, mode, settings.reply_timeout)
     device = select_device(settings.device)
     server_round = int(config.get("server-round", 0))
+    # a party's long local-only training prints its epochs (Flower streams a ClientApp's stdout through Ray,
+    # seconds late); the server's progress.jsonl records the party when its model arrives
+    report = Progress(None, interval=settings.progress_interval).epochs(
+        settings.epochs, phase=f"party {party} local training", strategy=mode) if mode == "local-only" else None
     result = train_local(
         settings,
         load_partition(settings, party, num_parties),
@@ -109,6 +127,7 @@ def train(msg: Message, context: Context) -> Message:
         server_round=server_round,
         proximal_mu=float(config.get("proximal-mu", 0.0)),
         device=device,
+        on_epoch=report,
     )
     metrics = {
         "party": party,

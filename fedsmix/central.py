@@ -40,6 +40,7 @@ from torch import nn
 
 from .config import Settings
 from .models import new_classifier
+from .progress import SILENT, Progress
 from .seeding import generator
 from .training import TrainConfig, TrainReport, evaluate, predict, train, train_config
 
@@ -428,6 +429,7 @@ def train_union(
     *,
     score: Callable[[dict[str, nn.Module], dict[int, np.ndarray]], dict] | None = None,
     public: torch.Tensor | None = None,
+    progress: Progress = SILENT,
     **train_options,
 ) -> Selection:
     """Select a trainer honestly and fit it on the whole union.
@@ -435,7 +437,7 @@ def train_union(
     With several candidates: hold out `validation-fraction` of every party's rows, train the candidates
     on the rest, and `score(models, {party: its held-out upload rows})` returns every party's counts
     (`score_models` on its clean samples); the best is refit on every row. `train_options` reach the
-    final MLP fit (checkpoints, epoch hooks).
+    final MLP fit (checkpoints, epoch hooks). `progress` hears the selection: its epochs, the scores, the choice.
     """
     names = candidate_names(settings)
     validation, held = {}, np.empty(0, dtype=np.int64)
@@ -444,8 +446,13 @@ def train_union(
             raise ValueError(f"trainer {settings.trainer!r} has {len(names)} candidates and nobody to score them")
         held = validation_rows(settings, union.parties)
         keep = np.setdiff1d(np.arange(len(union)), held)
-        fitted = fit(settings, union.subset(keep), sample_shape, num_classes, device, names, public)
-        chosen, validation = select(score(fitted.models, union.local_rows(held)), names)
+        progress.emit("selection-start", candidates=len(names), **{"train-rows": len(keep), "held-out": len(held)})
+        report = progress.epochs(settings.epochs, phase="selection")
+        fitted = fit(settings, union.subset(keep), sample_shape, num_classes, device, names, public,
+                     on_epoch=lambda model, epoch, loss: report(epoch, loss))
+        scores = score(fitted.models, union.local_rows(held))
+        chosen, validation = select(scores, names)
+        progress.emit("selection", chosen=chosen, voters=len(scores), scores=validation)
         del fitted
     else:
         chosen = names[0]

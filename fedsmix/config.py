@@ -46,6 +46,15 @@ def _csv(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _floats(value: Any) -> tuple[float, ...]:
+    """'1e-3,0.1', a list, or one number -> floats."""
+    if isinstance(value, str):
+        values = _csv(value)
+    else:
+        values = tuple(value) if isinstance(value, list | tuple) else (value,)
+    return tuple(float(v) for v in values)
+
+
 def parse_faults(spec: str) -> dict[str, set[int]]:
     """'kind:ids;kind:ids' -> {kind: ids}: known kinds, integer ids (party ids; an epoch for interrupt)."""
     allowed = FAULT_FAILURES + FAULT_CORRUPTIONS
@@ -73,7 +82,9 @@ class Settings(BaseModel):
     strategies: tuple[str, ...] = ("mixup-union", "local-only")
     seed: int = 0
     # data
-    dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    dataset: str = Field("digits", description="a registered data set, or a path to an .npz or an image folder")
+    dataset_mean: tuple[float, ...] = ()  # a path data set's per-channel statistics, when a preset gives them
+    dataset_std: tuple[float, ...] = ()  # (empty: inferred from its training split)
     data_dir: str = ""
     download: bool = False
     partitioner: Literal["iid", "dirichlet", "pathological", "dirichlet-equal", "size-skew"] = "dirichlet"
@@ -151,6 +162,9 @@ class Settings(BaseModel):
     public_size: int = Field(0, ge=0, description="attacker's public samples: the first N of Tiny-ImageNet's; 0 = all")
     # outputs and hardware
     runs_dir: str = "runs"
+    progress_interval: float = Field(
+        10.0, ge=0, description="seconds between epoch lines in the progress log (0 = every epoch)"
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @field_validator("strategies", "adversary", mode="before")
@@ -158,16 +172,23 @@ class Settings(BaseModel):
     def _split_csv(cls, value: Any) -> tuple[str, ...]:
         return _csv(value)
 
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        return value if value in DATASETS else str(dataset_path(value))
+
+    @field_validator("dataset_mean", "dataset_std", mode="before")
+    @classmethod
+    def _split_statistics(cls, value: Any) -> tuple[float, ...]:
+        return _floats(value)
+
     @field_validator("head_penalties", mode="before")
     @classmethod
     def _split_floats(cls, value: Any) -> tuple[float, ...]:
-        if isinstance(value, str):
-            values = _csv(value)
-        else:
-            values = tuple(value) if isinstance(value, list | tuple) else (value,)
-        if not values or any(float(v) <= 0 for v in values):
+        values = _floats(value)
+        if not values or any(v <= 0 for v in values):
             raise ValueError(f"give one or more penalties > 0, got {value!r}")
-        return tuple(float(v) for v in values)
+        return values
 
     @field_validator("strategies")
     @classmethod
@@ -192,6 +213,20 @@ class Settings(BaseModel):
             if name not in ATTACKS:
                 raise ValueError(f"unknown attack {name!r}; allowed: {', '.join(ATTACKS)}")
         return value
+
+    @model_validator(mode="after")
+    def _statistics_of_a_path_dataset(self) -> Settings:
+        if not (self.dataset_mean or self.dataset_std):
+            return self
+        if self.dataset in DATASETS:
+            raise ValueError(
+                f"dataset-mean / dataset-std give the statistics of your own data set (a path), not of {self.dataset!r}"
+            )
+        if len(self.dataset_mean) != len(self.dataset_std):
+            raise ValueError("dataset-mean and dataset-std: give both, one value per channel")
+        if any(v <= 0 for v in self.dataset_std):
+            raise ValueError(f"dataset-std: every value must be > 0, got {self.dataset_std}")
+        return self
 
     @model_validator(mode="after")
     def _poor_party_only_under_size_skew(self) -> Settings:
@@ -281,6 +316,33 @@ def _validate(data: Mapping[str, Any], source: str) -> Settings:
             key = ".".join(str(p) for p in e["loc"]) or "settings"
             problems.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
         raise SettingsError(f"{source}: " + "; ".join(problems)) from None
+
+
+def dataset_path(value: str) -> Path:
+    """A data set given as a path: an .npz archive or an ImageFolder (train/ and test/ sub-folders).
+
+    Relative paths are tried against the working directory, then the project (where presets live); the
+    absolute path is kept, so every process of a run reads the same file. Only the layout is checked
+    here; the contents are checked when the data set is first loaded (fedsmix/data.py)."""
+    given = Path(value).expanduser()
+    tried = [given] if given.is_absolute() else [Path.cwd() / given, PROJECT_ROOT / given]
+    path = next((p for p in tried if p.exists()), None)
+    if path is None:
+        raise ValueError(
+            f"{value!r} is neither a registered data set ({', '.join(DATASETS)}) nor an existing path "
+            f"(tried {', '.join(str(p) for p in tried)}); give an .npz file or an image folder with train/ and test/"
+        )
+    path = path.resolve()
+    if path.is_file() and path.suffix.lower() != ".npz":
+        raise ValueError(f"{path}: a data set file must be an .npz archive (x_train, y_train, x_test, y_test; or x, y)")
+    if path.is_dir():
+        missing = [sub for sub in ("train", "test") if not (path / sub).is_dir()]
+        if missing:
+            raise ValueError(
+                f"{path}: an image folder needs sub-folders train/ and test/, each with one folder per class "
+                f"(train/<class>/<image>); missing {', '.join(m + '/' for m in missing)}"
+            )
+    return path
 
 
 def resolve_preset(preset: str) -> Path:

@@ -72,7 +72,7 @@ class Partition:
 
 
 def load_partition(settings: Settings, party: int, num_parties: int) -> Partition:
-    raw = datalib.load_split(settings.dataset, "train", settings.data_dir, settings.download)
+    raw = datalib.load_dataset(settings, "train")
     subset = train_subset_rows(settings, len(raw))
     rows = partition_indices(
         raw.labels if subset is None else raw.labels[subset],
@@ -252,6 +252,7 @@ def train_local(
     rows: torch.Tensor | None = None,
     trace: StepTrace | None = None,
     dp_noise_multiplier: float | None = None,
+    on_epoch=None,
 ) -> LocalResult:
     """Local-only training (`mode="local-only"`: the central recipe, alone) or one FedAvg/FedProx
     round (`"federated"`: `local-epochs` of SGD from the global weights, plus (mu/2)||w - w_global||^2).
@@ -260,7 +261,8 @@ def train_local(
     (`dp-sgd-epsilon`) and, last, the round's update pruned (`prune-ratio`). `rows` replays a round on
     those samples only (the attack's victims; mixing partners still come from the whole partition), with
     `dp_noise_multiplier` the party's own DP-SGD noise level (`party_dp_sgd_noise`) rather than one solved
-    for a set of len(rows) samples; `trace` records each step for the simulation's oracle.
+    for a set of len(rows) samples; `trace` records each step for the simulation's oracle;
+    `on_epoch(epoch, loss)` hears each epoch (the party's progress line).
     """
     model = new_classifier(settings, part.sample_shape, part.num_classes)
     model.load_state_dict(global_state)
@@ -275,7 +277,7 @@ def train_local(
         raise ValueError(f"mode: unknown {mode!r}; allowed: local-only, federated")
     torch.manual_seed(settings.seed + part.party)
     report = train(model, part.x, part.one_hot(), cfg, generator(settings.seed, *purpose), proximal_reference=reference,
-                   rows=rows, trace=trace)
+                   rows=rows, trace=trace, on_epoch=on_epoch)
     if mode == "federated" and settings.prune_ratio > 0:
         prune_update(model, reference, settings.prune_ratio)
     return LocalResult(model, report, len(part.labels) if rows is None else len(rows))

@@ -36,6 +36,7 @@ class ReportingFedProx(FedProx):
         self.dropped: list[dict] = []
         self.parties_used: set[int] = set()
         self.released: list[int] = []  # rounds whose aggregate went out
+        self.answered: dict[int, int] = {}  # round -> parties whose update was aggregated
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
         available = len(list(grid.get_node_ids()))
@@ -67,6 +68,7 @@ class ReportingFedProx(FedProx):
                 "DP-FedAvg's noise is sized for all of them, so no aggregate is released",
                 {"dropped": self.dropped},
             )
+        self.answered[server_round] = len(ok)
         if len(ok) < self.min_train_nodes:
             lost = "; ".join(f"party {d['party']} (node {d['node']}) at {d['time']}: {d['reason']}" for d in dropped)
             raise RunAborted(
@@ -84,7 +86,7 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     mu = s.proximal_mu if mu is None else mu
     parties = len(ctx.nodes())
-    num_classes = datalib.spec(s.dataset).num_classes
+    num_classes = datalib.dataset_spec(s).num_classes
     model = new_classifier(s, mixing_shape(s), num_classes)
     dp = s.dp_fedavg != "off"
     sampled = dp_fedavg.sampled_per_round(s, parties)
@@ -106,7 +108,13 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
         metrics = test_accuracy(model, ctx.test_set(), ctx.device)
-        curve.append({"round": server_round, "accuracy": metrics["accuracy"], "seconds": time.perf_counter() - t0})
+        elapsed = time.perf_counter() - t0
+        curve.append({"round": server_round, "accuracy": metrics["accuracy"], "seconds": elapsed})
+        ctx.progress.emit(
+            "round", round=server_round, rounds=s.rounds, accuracy=metrics["accuracy"], elapsed=round(elapsed, 3),
+            answered=strategy.answered.get(server_round), sampled=len(strategy.sampled.get(server_round, [])) or None,
+            eta=round(elapsed / server_round * (s.rounds - server_round), 3) if server_round else None,
+        )
         return MetricRecord(metrics)
 
     grid = ctx.counting_grid()
