@@ -226,6 +226,8 @@ def linear_heads(kind: str, m: Moments, gammas: tuple[float, ...], noise_var: fl
                  mu_c - mean = C_xy[:, c] / (pi_c * mix_scale) (soft labels pull every mixed class mean
                  towards the overall mean by mix_scale) and the within-class covariance S_w = the clean
                  total covariance (S - sigma^2 I) / mix_scale less the between-class one, floored at 0;
+                 S_w is shrunk as (S_w + gamma s I) / (1 + gamma), s its mean eigenvalue, so that large
+                 gamma is the nearest class mean (with the class priors) rather than the priors alone.
                  The quadratic term is debiased for the noise in the estimated means (at small tau the
                  noise in mu_c's estimate, not mu_c, would dominate mu_c S_w^-1 mu_c);
     lda-public:  S_w's shape from the public pool's covariance (`prior`), scaled to S_w's trace.
@@ -259,7 +261,7 @@ def linear_heads(kind: str, m: Moments, gammas: tuple[float, ...], noise_var: fl
     mean_var = (float(torch.trace(m.xx)) / d) * m.yy / (m.n * prior_c**2) / mix_scale**2
     heads = {}
     for gamma in gammas:
-        shrunk = values + gamma * scale
+        shrunk = (values + gamma * scale) / (1 + gamma)  # shrinkage towards scale * I, keeping the total variance
         weight = vectors @ (rotated / shrunk.unsqueeze(1))  # S_w^-1 (mu_c - mean)
         quadratic = (means * weight).sum(0) - mean_var * float((1.0 / shrunk).sum())
         bias = -0.5 * quadratic + prior_c.log() - m.mean_x @ weight
