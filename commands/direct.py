@@ -20,8 +20,8 @@ import torch
 from fedsmix import data as datalib
 from fedsmix.central import (
     Union,
-    needs_public,
     party_summary,
+    server_public,
     test_accuracy,
     train_classifier,
     train_union,
@@ -34,7 +34,7 @@ from fedsmix.party import load_partition, personalize, prepare_upload, score_can
 from fedsmix.progress import FILE as PROGRESS_FILE
 from fedsmix.progress import SILENT, Progress
 from fedsmix.runs import atomic_write_json, new_run_dir
-from fedsmix.space import load_test, load_train_all, mixing_shape, public_in_space
+from fedsmix.space import load_test, load_train_all, mixing_shape
 from fedsmix.training import state_digest
 
 PAYLOAD = "array payload (direct engine, no wire framing)"
@@ -86,7 +86,7 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
         states = {name: model.state_dict() for name, model in models.items()}
         return {p: score_candidates(settings, partitions[p], r, states, device) for p, r in held.items()}
 
-    public = public_in_space(settings) if needs_public(settings) else None
+    public = server_public(settings, progress)
     curve: list[dict] = []
     selection = train_union(settings, union, shape, num_classes, device, score=score, public=public,
                             progress=progress, on_epoch=epoch_reporter(settings, progress, test, device, curve, t0))

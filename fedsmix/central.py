@@ -311,9 +311,32 @@ class Fitted:
     reports: dict[str, dict] = field(default_factory=dict)  # per candidate: how it was trained
 
 
+PUBLIC = ("mlp-recal", "lda-public")  # the families that use the server's public pool
+
+
 def needs_public(settings: Settings) -> bool:
     """Whether the chosen trainer family uses the server's public pool (BatchNorm recalibration, a prior)."""
-    return bool({"mlp-recal", "lda-public"} & set(FAMILIES[settings.trainer]))
+    return bool(set(PUBLIC) & set(FAMILIES[settings.trainer]))
+
+
+def server_public(settings: Settings, progress: Progress = SILENT) -> torch.Tensor | None:
+    """The public pool in the mixing space when the trainer uses one, else None.
+
+    Under `trainer: auto` a server without the public set (no `data-dir`, as in a bare deployment)
+    trains the other candidates and says so; a trainer that names a public family needs the set.
+    """
+    if not needs_public(settings):
+        return None
+    from .data import DatasetUnavailable
+    from .space import public_in_space
+
+    try:
+        return public_in_space(settings)
+    except DatasetUnavailable as error:
+        if settings.trainer != "auto":
+            raise DatasetUnavailable(f"trainer {settings.trainer!r} needs the public set: {error}") from error
+        progress.emit("public-unavailable", skipped=list(PUBLIC), reason=str(error).split(". ")[0])
+        return None
 
 
 def party_summary(accuracy: dict[int, float]) -> dict:
@@ -327,9 +350,12 @@ def party_summary(accuracy: dict[int, float]) -> dict:
     }
 
 
-def candidate_names(settings: Settings) -> list[str]:
+def candidate_names(settings: Settings, public: bool = True) -> list[str]:
+    """The candidates of the `trainer` family; without a public pool, none that needs one."""
     names = []
     for family in FAMILIES[settings.trainer]:
+        if family in PUBLIC and not public:
+            continue
         if family in LINEAR:
             names += [f"{family}@{gamma:g}" for gamma in settings.head_penalties]
         else:
@@ -441,7 +467,9 @@ def train_union(
     (`score_models` on its clean samples); the best is refit on every row. `train_options` reach the
     final MLP fit (checkpoints, epoch hooks). `progress` hears the selection: its epochs, the scores, the choice.
     """
-    names = candidate_names(settings)
+    names = candidate_names(settings, public is not None)
+    if not names:
+        raise ValueError(f"trainer {settings.trainer!r}: no candidate can be trained without the public set")
     validation, held = {}, np.empty(0, dtype=np.int64)
     if len(names) > 1:
         if score is None:

@@ -84,6 +84,9 @@ def describe(event: dict[str, Any]) -> str:
     elif kind == "selection-start":
         text = (f"trainer selection: {g('candidates')} candidates trained on {g('train-rows')} rows, "
                 f"{g('held-out')} rows held out for the parties to score")
+    elif kind == "public-unavailable":
+        skipped = ", ".join(e.get("skipped") or [])
+        text = f"no public set on the server, trainer candidates {skipped} skipped: {g('reason')}"
     elif kind == "selection":
         scores = {n: v for n, v in (e.get("scores") or {}).items() if isinstance(v, int | float) and v == v}
         best = sorted(scores.items(), key=lambda kv: -kv[1])[:3]

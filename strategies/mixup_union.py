@@ -17,10 +17,18 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 from fedsmix import data as datalib
-from fedsmix.central import Selection, Union, needs_public, party_summary, test_accuracy, train_union, union_statistics
+from fedsmix.central import (
+    Selection,
+    Union,
+    party_summary,
+    server_public,
+    test_accuracy,
+    train_union,
+    union_statistics,
+)
 from fedsmix.faults import interrupt_after
 from fedsmix.runs import atomic_write_bytes
-from fedsmix.space import mixing_shape, public_in_space
+from fedsmix.space import mixing_shape
 from fedsmix.training import CheckpointMismatch, state_digest
 from server.context import RunContext
 from server.store import UploadStore
@@ -138,7 +146,7 @@ def run(ctx: RunContext) -> dict:
     shape, num_classes = expectation(ctx).sample_shape, datalib.dataset_spec(s).num_classes
     rows = np.repeat(np.array(used), np.diff(x.offsets))
     union = Union(x, y, rows, *union_statistics([parties[p] for p in used], math.prod(shape), s.encoder))
-    public = public_in_space(s) if needs_public(s) else None
+    public = server_public(s, ctx.progress)
     checkpoint = ctx.run_dir / "checkpoints" / "central.pt" if s.checkpoint_every else None
     curve: list[dict] = []
 

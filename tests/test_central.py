@@ -126,6 +126,23 @@ def test_selection_never_reads_the_test_split(monkeypatch):
     assert selection.chosen in central.candidate_names(settings)
 
 
+def test_a_server_without_the_public_set_skips_only_the_candidates_that_need_it(tmp_path):
+    events = []
+
+    class Record:
+        def emit(self, kind, **fields):
+            events.append((kind, fields))
+
+    settings = load_settings({"dataset": "digits", "trainer": "auto", "data-dir": str(tmp_path)})
+    assert central.server_public(settings, Record()) is None  # no tinyimagenet32.npz in an empty data dir
+    assert events[0][0] == "public-unavailable" and events[0][1]["skipped"] == list(central.PUBLIC)
+    names = central.candidate_names(settings, public=False)
+    assert names and not any(name.split("@")[0] in central.PUBLIC for name in names)
+    with pytest.raises(datalib.DatasetUnavailable, match="trainer 'lda-public' needs the public set"):
+        central.server_public(settings.replace(trainer="lda-public"))
+    assert central.server_public(settings.replace(trainer="ridge")) is None  # needs none, loads none
+
+
 def test_each_held_out_row_maps_to_the_partys_own_sample():
     from fedsmix.party import Partition, samples_of_rows
 

@@ -29,6 +29,7 @@ BASE = {
     "epochs": 4,
     "rounds": 1,
     "checkpoint-every": 1,
+    "trainer": "mlp",  # the checkpointed, resumable loop (a selection's candidates are retrained on resume)
 }
 
 
