@@ -73,7 +73,9 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
     t0 = time.perf_counter()
     uploads = [prepare_upload(settings, p, parties) for p in range(parties)]
     t_encode = time.perf_counter() - t0
-    evidence = [plausibility.examine(p, u.arrays["x"], u.arrays["y"], u.metrics, settings) for p, u in enumerate(uploads)]
+    evidence = [
+        plausibility.examine(p, u.arrays["x"], u.arrays["y"], u.metrics, settings) for p, u in enumerate(uploads)
+    ]
     honest = plausibility.quarantine(evidence, settings)
     t_checks = time.perf_counter() - t0 - t_encode
     scores = plausibility.agreement(evidence)
@@ -96,7 +98,8 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
         if kind == "replay":
             arrays, metrics = uploads[BAD - 1].arrays, {**uploads[BAD - 1].metrics, "party": BAD}
         else:
-            arrays, metrics = corrupt(kind, upload.arrays, upload.metrics, scale, generator(settings.seed, BAD, "fault"))
+            fault = generator(settings.seed, BAD, "fault")
+            arrays, metrics = corrupt(kind, upload.arrays, upload.metrics, scale, fault)
         faulty = list(evidence)
         faulty[BAD] = plausibility.examine(BAD, arrays["x"], arrays["y"], metrics, settings)
         verdicts = plausibility.quarantine(faulty, settings)
@@ -129,11 +132,13 @@ def main() -> None:
                 len(f["honest-quarantined"]) for f in row["faults"].values()
             )
             caught = {name: f["check"] if f["caught"] else "MISSED" for name, f in row["faults"].items()}
+            span = {key: (min(row[key].values()), max(row[key].values()))
+                    for key in ("agreement-lift", "structure-excess")}
+            energy = (min(row["energy-ratio"], default=0), max(row["energy-ratio"], default=0))
             print(f"{dataset}: {label}: honest quarantined {len(row['honest-quarantined'])}; {caught}; "
-                  f"energy ratio {min(row['energy-ratio'], default=0):.3f}..{max(row['energy-ratio'], default=0):.3f}; "
-                  f"agreement lift {min(row['agreement-lift'].values()):.2f}..{max(row['agreement-lift'].values()):.2f}; "
-                  f"structure {min(row['structure-excess'].values()):.2f}..{max(row['structure-excess'].values()):.2f}; "
-                  f"{row['seconds']['checks']:.1f}s checks", flush=True)
+                  f"energy ratio {energy[0]:.3f}..{energy[1]:.3f}; agreement lift {span['agreement-lift'][0]:.2f}.."
+                  f"{span['agreement-lift'][1]:.2f}; structure {span['structure-excess'][0]:.2f}.."
+                  f"{span['structure-excess'][1]:.2f}; {row['seconds']['checks']:.1f}s checks", flush=True)
     summary = {"honest-party-checks": honest_parties, "honest-parties-quarantined": false_rejections}
     print(summary)
     write("plausibility", {"command": "benchmarks/plausibility.py " + " ".join(

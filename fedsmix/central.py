@@ -20,11 +20,20 @@ rows, trains the candidates on the rest, and asks each party to score them on th
 those held-out rows encode (a party knows which of its samples each of its upload rows encodes):
 the model goes back to the parties in the paper's protocol anyway, and only counts come back.
 The best candidate is refit on every row. Nothing here reads the test split.
+
+Robust training (`robust-training`, issue 21), for what the plausibility checks (server/plausibility.py)
+cannot decide; off by default (measured in docs/robustness.md):
+- `clip`: every row farther than CLIP_FACTOR x the union's median distance from the union's mean is pulled
+  back onto that radius (direction kept), for every candidate: one party's inflated rows weigh no more than
+  a few ordinary ones.
+- `trim`: the MLP minimises a trimmed loss, each batch without its `robust-trim` fraction of largest
+  per-sample losses (rows no model fits: permuted labels, garbage).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +47,8 @@ from .config import Settings
 from .models import new_classifier
 from .seeding import generator
 from .training import TrainConfig, TrainReport, evaluate, predict, train, train_config
+
+CLIP_FACTOR = 3.0  # robust-training clip: row radius bound, in medians of the union's row distances
 
 FAMILIES = {
     "mlp": ("mlp",),
@@ -131,6 +142,38 @@ class Union:
             first = int(np.flatnonzero(self.parties == party)[0])
             out[int(party)] = np.sort(rows[self.parties[rows] == party]) - first
         return out
+
+
+class Clipped:
+    """A row view of an array-like whose rows are pulled back to at most `bound` from `center`."""
+
+    def __init__(self, data, center: np.ndarray, bound: float):
+        self.data, self.center, self.bound = data, center.astype(np.float32), float(bound)
+        self.shape = tuple(data.shape)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index) -> np.ndarray:
+        rows = self.data[np.asarray(index, dtype=np.int64)]
+        rows = rows.numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows, dtype=np.float32)
+        offset = rows - self.center
+        norms = np.linalg.norm(offset.reshape(len(rows), -1), axis=1)
+        scale = np.minimum(1.0, self.bound / np.maximum(norms, 1e-12)).astype(np.float32)
+        return self.center + offset * scale.reshape((-1,) + (1,) * (offset.ndim - 1))
+
+
+def clipped(union: Union, seed: int = 0, factor: float = CLIP_FACTOR, sample: int = 20_000) -> Union:
+    """robust-training clip: the union with rows beyond `factor` x the median distance to its centre pulled in.
+    Centre and median from a seeded sample of at most `sample` rows; the centre is the coordinate-wise median
+    (a mean would follow the inflated rows it is meant to bound)."""
+    n = len(union)
+    rows = np.sort(torch.randperm(n, generator=generator(seed, "robust-clip"))[:sample].numpy())
+    picked = np.asarray(union.x[rows], dtype=np.float64).reshape(len(rows), -1)
+    center = np.median(picked, axis=0)
+    bound = factor * float(np.median(np.linalg.norm(picked - center, axis=1)))
+    view = Clipped(union.x, center.reshape(tuple(union.x.shape[1:])), bound)
+    return Union(view, union.y, union.parties, union.noise_var, union.clean_var)
 
 
 @lru_cache(maxsize=8)
@@ -309,8 +352,13 @@ def fit(settings: Settings, union: Union, sample_shape: tuple[int, ...], num_cla
     """Train the named candidates on `union` (the MLP once for both of its variants; the linear heads from
     one pass over the union's moments). `train_options` reach the MLP's train_classifier."""
     fitted = Fitted({})
+    if settings.robust_training == "clip":
+        union = clipped(union, settings.seed)
     if {"mlp", "mlp-recal"} & set(names):
-        model, report = train_classifier(settings, union.x, union.y, sample_shape, num_classes, device,
+        cfg = train_config(settings, device)
+        if settings.robust_training == "trim":
+            cfg = dataclasses.replace(cfg, trim=settings.robust_trim)
+        model, report = train_classifier(settings, union.x, union.y, sample_shape, num_classes, device, cfg=cfg,
                                          **train_options)
         info = {"epochs": report.epochs_run, "seconds": report.seconds, "losses": report.losses,
                 "resumed-from": report.resumed_from}

@@ -31,6 +31,7 @@ class TrainConfig:
     cosine: bool = True
     proximal_mu: float = 0.0
     device: str = "cpu"
+    trim: float = 0.0  # robust loss: drop this fraction of each batch's largest per-sample losses
 
 
 def train_config(
@@ -60,9 +61,17 @@ class TrainReport:
     losses: list[float] = field(default_factory=list)
 
 
-def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Paper eq. (7): -(y * log_softmax(o)).sum(1).mean(); equals CE for one-hot targets."""
-    return -(targets * torch.log_softmax(logits, dim=1)).sum(dim=1).mean()
+def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, trim: float = 0.0) -> torch.Tensor:
+    """Paper eq. (7): -(y * log_softmax(o)).sum(1).mean(); equals CE for one-hot targets.
+
+    `trim` > 0: the mean over the batch's samples without its `trim` fraction of largest losses (trimmed
+    loss minimisation, Shen & Sanghavi 2019: samples the model cannot fit, such as mislabelled or
+    corrupted rows, stop pulling on it)."""
+    losses = -(targets * torch.log_softmax(logits, dim=1)).sum(dim=1)
+    if trim > 0:
+        keep = max(1, len(losses) - int(trim * len(losses)))
+        losses = torch.topk(losses, keep, largest=False, sorted=False).values
+    return losses.mean()
 
 
 def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tensor:
@@ -168,7 +177,7 @@ def train(
             yb = y_dev[index].to(device, dtype=torch.float32)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
                 logits = model(xb)
-            loss = soft_cross_entropy(logits.float(), yb)
+            loss = soft_cross_entropy(logits.float(), yb, cfg.trim)
             if reference is not None:
                 loss = loss + 0.5 * cfg.proximal_mu * proximal_term(model, reference)
             optimizer.zero_grad(set_to_none=True)

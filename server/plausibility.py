@@ -57,20 +57,21 @@ ENERGY_FACTOR = 2.0  # measured / predicted E||x~ - mean||^2 beyond [1/2, 2]: th
 MIN_PEERS = 3  # cross-party checks need a majority to compare with
 OUTLIER_Z = 6.0  # robust z-score (1.4826 MAD) ...
 OUTLIER_FACTOR = 3.0  # ... and a norm more than 3x (or less than 1/3) the parties' median
-SKETCH_DIM = 32  # random projection for near-duplicate rows
+SKETCH_DIM = 16  # random projection of every row over the upload's spread, in float16: 32 bytes a row
 SKETCH_ROWS = 256  # rows of each upload looked up among earlier uploads
-DUPLICATE_DISTANCE = 1e-3  # a near-duplicate row: closer than this x the upload's row norm (projected)
+DUPLICATE_DISTANCE = 1e-2  # a near-duplicate row: closer than this x the upload's spread sqrt(energy), projected
 DUPLICATE_SHARE = 0.5  # ... for at least half of the looked-up rows
 FIT_DIM = 512  # the ridge head of labels-vs-inputs works on at most this many (projected) dimensions
 FIT_ROWS = 500  # rows of each upload in its balanced fit
 FIT_GAMMA = 0.1  # relative ridge penalty
 SIGNAL = 0.3  # labels-vs-inputs decides only when the median party's agreement beats chance by this much
-AGREEMENT_GAP = 0.5  # ... and flags a party whose agreement above chance is below half the median's
+AGREEMENT_GAP = 0.5  # ... and flags a party whose agreement above chance is below half the median's,
 AGREEMENT_SIGMAS = 4.0  # ... by more than 4 binomial standard errors of its sample
+SPREAD_Z = 5.0  # ... and by more than 5 robust standard deviations (1.4826 MAD) of the parties' values
 STRUCTURE_K = 10  # principal directions shared by the parties' rows
 STRUCTURE_SIGNAL = 0.1  # structure decides only when the median party's share beats the isotropic k/d by this
-STRUCTURE_GAP = 0.5  # ... and flags a party whose excess share is below half the median's
-STRUCTURE_SIGMAS = 4.0  # ... by more than 4 standard errors of its sample
+STRUCTURE_GAP = 0.5  # ... and flags a party whose excess share is below half the median's, by more than
+STRUCTURE_SIGMAS = 4.0  # ... 4 standard errors of its sample and SPREAD_Z robust standard deviations
 
 
 class Implausible(ValueError):
@@ -90,14 +91,16 @@ class Evidence:
     energy: float  # mean squared distance of a row to the upload's mean
     expected: float | None  # the same, predicted from the party's report (None: no prediction for the encoder)
     norms: dict[str, float]  # norm-scale statistics compared across parties
-    sketch: np.ndarray  # (rows, SKETCH_DIM) random projection of every row
-    fit_x: np.ndarray  # (<= FIT_ROWS, <= FIT_DIM) rows for the labels-vs-inputs fit
+    sketch: np.ndarray  # (rows, SKETCH_DIM) random projection of every row over sqrt(energy), float16
+    fit_x: np.ndarray  # (<= FIT_ROWS, <= FIT_DIM) rows for the labels-vs-inputs and structure checks
     fit_y: np.ndarray
     problem: Implausible | None = None  # the upload's own checks
 
 
 def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: Settings) -> Evidence:
-    """Summarise one validated upload and run its own checks (the report, the labels, the energy)."""
+    """Summarise one validated upload and run its own checks (the report, the labels, the energy). What it
+    keeps is small: 32 bytes a row (the sketch) and FIT_ROWS rows of at most FIT_DIM values; an upload that
+    fails its own checks keeps neither (it takes no part in the cross-party checks)."""
     flat = x.reshape(len(x), -1)
     energy = _energy(flat)
     sketch_matrix, fit_matrix = _projections(settings, flat.shape[1])
@@ -111,14 +114,15 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
         energy=energy,
         expected=expected_energy(metrics, settings.encoder),
         norms=_norms(energy, metrics),
-        sketch=_project(flat, sketch_matrix),
-        fit_x=fit_x if fit_matrix is None else fit_x @ fit_matrix,
-        fit_y=np.asarray(y[sample], dtype=np.float64),
+        sketch=(_project(flat, sketch_matrix) / math.sqrt(max(energy, 1e-30))).astype(np.float16),
+        fit_x=(fit_x if fit_matrix is None else fit_x @ fit_matrix).astype(np.float32),
+        fit_y=np.asarray(y[sample], dtype=np.float32),
     )
     try:
         check_upload(evidence, y, metrics, settings)
     except Implausible as err:
         evidence.problem = err
+        evidence.sketch, evidence.fit_x, evidence.fit_y = (np.empty((0, 0)),) * 3
     return evidence
 
 
@@ -204,10 +208,13 @@ def replays(evidence: list[Evidence]) -> list[dict]:
         if later.problem is not None:  # quarantined already, for its own checks
             continue
         rows = later.sketch[:: max(1, len(later.sketch) // SKETCH_ROWS)][:SKETCH_ROWS]
-        limit = DUPLICATE_DISTANCE * math.sqrt(later.energy)
         for earlier in evidence[:i]:
-            nearest = torch.cdist(torch.from_numpy(rows), torch.from_numpy(earlier.sketch)).min(dim=1).values
-            share = float((nearest <= limit).double().mean())
+            if earlier.problem is not None:
+                continue
+            other = torch.from_numpy(earlier.sketch).float() * math.sqrt(earlier.energy / later.energy)
+            nearest = torch.cdist(torch.from_numpy(rows).float(), other)
+            nearest = nearest.min(dim=1).values
+            share = float((nearest <= DUPLICATE_DISTANCE).double().mean())  # in units of the later's spread
             if share >= DUPLICATE_SHARE:
                 verdicts.append(_verdict(Implausible(
                     later.party, "replay",
@@ -228,8 +235,7 @@ def outliers(evidence: list[Evidence]) -> list[dict]:
         if len(values) < MIN_PEERS:
             continue
         logs = {p: math.log(v) for p, v in values.items()}
-        median = float(np.median(list(logs.values())))
-        spread = 1.4826 * float(np.median([abs(v - median) for v in logs.values()]))
+        median, spread = float(np.median(list(logs.values()))), _robust_spread(list(logs.values()))
         for party, value in logs.items():
             deviation = abs(value - median)
             if party in flagged or deviation <= math.log(OUTLIER_FACTOR) or deviation <= OUTLIER_Z * spread:
@@ -268,11 +274,13 @@ def disagreements(evidence: list[Evidence]) -> list[dict]:
     median = float(np.median(list(lift.values())))
     if median < SIGNAL:  # the labels are hidden from a linear head (tiny tau): no decision
         return []
+    spread = _robust_spread(list(lift.values()))
     verdicts = []
     for e in evidence:
         share, chance = scores[e.party]
         error = math.sqrt(max(share * (1 - share), 0.01) / len(e.fit_y))
-        if lift[e.party] < AGREEMENT_GAP * median and median - lift[e.party] > AGREEMENT_SIGMAS * error:
+        gap = median - lift[e.party]
+        if lift[e.party] < AGREEMENT_GAP * median and gap > max(AGREEMENT_SIGMAS * error, SPREAD_Z * spread):
             verdicts.append(_verdict(Implausible(
                 e.party, "labels-vs-inputs",
                 f"a ridge head fitted on every party's rows puts {100 * share:.0f}% of its rows in their label "
@@ -284,7 +292,7 @@ def disagreements(evidence: list[Evidence]) -> list[dict]:
 def structure(evidence: list[Evidence]) -> tuple[dict[int, tuple[float, float]], float]:
     """Per party: (share of its centred energy in the STRUCTURE_K principal directions of every party's
     centred rows, the standard error of that share), and the share an isotropic upload would have."""
-    centred = [e.fit_x - e.fit_x.mean(axis=0) for e in evidence]
+    centred = [e.fit_x.astype(np.float64) - e.fit_x.mean(axis=0, dtype=np.float64) for e in evidence]
     pooled = sum(x.T @ x for x in centred) / sum(len(x) for x in centred)
     k = min(STRUCTURE_K, pooled.shape[0] - 1)
     directions = np.linalg.eigh(pooled)[1][:, ::-1][:, :k]
@@ -306,9 +314,11 @@ def unstructured(evidence: list[Evidence]) -> list[dict]:
     median = float(np.median(list(excess.values())))
     if median < STRUCTURE_SIGNAL:  # noise dominates every upload (small tau): no decision
         return []
+    spread = _robust_spread(list(excess.values()))
     verdicts = []
     for party, (share, error) in shares.items():
-        if excess[party] < STRUCTURE_GAP * median and median - excess[party] > STRUCTURE_SIGMAS * max(error, 1e-3):
+        gap = median - excess[party]
+        if excess[party] < STRUCTURE_GAP * median and gap > max(STRUCTURE_SIGMAS * max(error, 1e-3), SPREAD_Z * spread):
             verdicts.append(_verdict(Implausible(
                 party, "structure",
                 f"{100 * share:.0f}% of its energy lies in the {STRUCTURE_K} principal directions the parties' rows "
@@ -320,6 +330,12 @@ def unstructured(evidence: list[Evidence]) -> list[dict]:
 # ------------------------------------------------------------------------------------------ helpers
 def _verdict(err: Implausible) -> dict:
     return {"party": err.party, "check": err.check, "reason": err.reason}
+
+
+def _robust_spread(values: list[float]) -> float:
+    """1.4826 x the median absolute deviation: the standard deviation, were the values normal."""
+    median = float(np.median(values))
+    return 1.4826 * float(np.median([abs(v - median) for v in values]))
 
 
 def _energy(flat, block: int = 4096) -> float:

@@ -155,7 +155,7 @@ def peak_while_collecting(tmp_path, parties: int, rows: int) -> float:
     replies = (upload_reply(party, rows) for party in range(parties))  # on demand, as Flower's pull hands them over
     tracemalloc.start()
     try:
-        used, rejected, dropped = collect_uploads(ctx, replies, store, [100 + p for p in range(parties)])
+        used, rejected, dropped, _ = collect_uploads(ctx, replies, store, [100 + p for p in range(parties)])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
