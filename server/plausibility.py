@@ -25,8 +25,9 @@ Across parties (`quarantine`, after every upload arrived; the first three need a
   median are large, so a party that lies consistently (inputs and report scaled together) is caught while
   honest non-IID parties, whose norms differ by their class mix, are not.
 - `labels-vs-inputs`: a ridge head fitted on a balanced sample of every remaining party's rows predicts each
-  upload row's class; an honest party's predictions fall in its rows' label support about as often as the
-  other parties' do, random inputs (garbage) or permuted classes (label flipping) far less. Decided only
+  upload row's class; an honest party's predictions fall in its rows' label support about as often as other
+  parties' rows of the same classes do (class by class: under label skew a party holding a hard class is
+  not suspect), random inputs (garbage) or permuted classes (label flipping) far less. Decided only
   when the parties' agreement is well above chance (at tiny tau the noise hides the labels from any linear
   head, and the check abstains: robust central training is the fallback there, fedsmix/central.py).
 - `structure`: real encodings put a good share of their (centred) energy into the few principal directions
@@ -51,6 +52,7 @@ from fedsmix.config import Settings
 from fedsmix.encoders import noise_multiplier
 from fedsmix.seeding import generator
 
+REPORTED = ("alpha", "tau", "radius", "V", "D", "c")  # what every party reports with its upload (party.py)
 LABEL_TOLERANCE = 1e-4  # float32 soft labels computed from float64 weights
 REPORT_TOLERANCE = 1e-3  # relative: the radius against Theorem 4.2 from the reported D, c, tau, alpha
 ENERGY_FACTOR = 2.0  # measured / predicted E||x~ - mean||^2 beyond [1/2, 2]: the report does not fit
@@ -64,8 +66,9 @@ DUPLICATE_SHARE = 0.5  # ... for at least half of the looked-up rows
 FIT_DIM = 512  # the ridge head of labels-vs-inputs works on at most this many (projected) dimensions
 FIT_ROWS = 500  # rows of each upload in its balanced fit
 FIT_GAMMA = 0.1  # relative ridge penalty
-SIGNAL = 0.3  # labels-vs-inputs decides only when the median party's agreement beats chance by this much
-AGREEMENT_GAP = 0.5  # ... and flags a party whose agreement above chance is below half the median's,
+MIN_CLASS_ROWS = 20  # labels-vs-inputs judges a row when other parties' samples hold its classes this often
+SIGNAL = 0.3  # labels-vs-inputs decides only when the median party's expected agreement beats chance by this
+AGREEMENT_GAP = 0.5  # ... and flags a party that misses more than half of its expected lift over chance,
 AGREEMENT_SIGMAS = 4.0  # ... by more than 4 binomial standard errors of its sample
 SPREAD_Z = 5.0  # ... and by more than 5 robust standard deviations (1.4826 MAD) of the parties' values
 STRUCTURE_K = 10  # principal directions shared by the parties' rows
@@ -129,6 +132,8 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
 def check_upload(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:
     """The upload's own checks; raise Implausible at the first that fails."""
     party = evidence.party
+    if missing := [k for k in REPORTED if k not in metrics]:
+        raise Implausible(party, "report", f"does not report {', '.join(missing)}")
     alpha, tau, radius = (float(metrics.get(k, math.nan)) for k in ("alpha", "tau", "radius"))
     V, D, c = (float(metrics.get(k, math.nan)) for k in ("V", "D", "c"))
     if settings.encoder == "singularized":
@@ -179,9 +184,11 @@ def label_violations(y: np.ndarray, settings: Settings) -> int:
 
 def expected_energy(metrics: dict, encoder: str) -> float | None:
     """E||x~ - mean||^2 from the report: E[w1^2 + w2^2] V + E[w2^2] r^2 (singularized), V (none)."""
-    V = float(metrics.get("V", math.nan))
+    V, alpha = float(metrics.get("V", math.nan)), float(metrics.get("alpha", math.nan))
     if encoder == "singularized":
-        partner, mixed = weight_moments(float(metrics["alpha"]))
+        if not 0.5 <= alpha < 1:  # missing or impossible: the report check names it
+            return None
+        partner, mixed = weight_moments(alpha)
         return mixed * V + partner * float(metrics.get("radius", 0.0)) ** 2
     if encoder == "none":
         return V
@@ -249,42 +256,76 @@ def outliers(evidence: list[Evidence]) -> list[dict]:
     return verdicts
 
 
-def agreement(evidence: list[Evidence]) -> dict[int, tuple[float, float]]:
-    """Per party: (share of its sampled rows whose predicted class is in the row's label support, the same
-    share for a uniformly random class), from one ridge head fitted on every party's sample."""
+@dataclass
+class Agreement:
+    """How well one party's labels match what a ridge head reads from its inputs, class by class."""
+
+    rows: int  # sampled rows judged (their classes also occur in other parties' samples)
+    hits: float  # rows whose predicted class is in the row's label support
+    expected: float  # the same, at the hit rates that other parties' rows of the same classes reach
+    chance: float  # the same, for a uniformly random class
+    variance: float  # binomial variance of `hits` at the expected rates
+
+    @property
+    def shortfall(self) -> float:
+        """Share of the expected lift over chance that the party misses (about 0 when honest)."""
+        return (self.expected - self.hits) / max(self.expected - self.chance, 1e-9)
+
+
+def agreement(evidence: list[Evidence]) -> dict[int, Agreement]:
+    """One ridge head fitted on a balanced sample of every party's rows predicts each sampled row's class; a
+    row is a hit when the class is in its label support. A party is compared with the other parties' rows of
+    the same classes (a hard class is hard for everybody), so label skew alone does not make it look bad."""
     x = np.concatenate([e.fit_x for e in evidence])
     y = np.concatenate([e.fit_y for e in evidence])
     head = linear_heads("ridge", Moments.of(x, y), (FIT_GAMMA,))[f"ridge@{FIT_GAMMA:g}"]
-    out = {}
+    support, hits = {}, {}
     with torch.no_grad():
         for e in evidence:
             predicted = head(torch.from_numpy(e.fit_x).float()).argmax(dim=1).numpy()
-            support = e.fit_y > LABEL_TOLERANCE
-            hits = support[np.arange(len(predicted)), predicted]
-            out[e.party] = (float(hits.mean()), float(support.sum(axis=1).mean() / support.shape[1]))
+            support[e.party] = e.fit_y > LABEL_TOLERANCE
+            hits[e.party] = support[e.party][np.arange(len(predicted)), predicted].astype(np.float64)
+    class_hits = {p: hits[p] @ support[p] for p in support}  # per class: hits among rows holding the class
+    class_rows = {p: support[p].sum(axis=0).astype(np.float64) for p in support}
+    total_hits, total_rows = sum(class_hits.values()), sum(class_rows.values())
+    out = {}
+    for p in support:
+        others = total_rows - class_rows[p]
+        known = others >= MIN_CLASS_ROWS
+        rate = np.where(known, (total_hits - class_hits[p]) / np.maximum(others, 1), np.nan)
+        judged = (support[p] & known).sum(axis=1) == support[p].sum(axis=1)  # every class of the row known
+        expected = np.nanmean(np.where(support[p][judged], rate, np.nan), axis=1)
+        out[p] = Agreement(
+            rows=int(judged.sum()), hits=float(hits[p][judged].sum()), expected=float(expected.sum()),
+            chance=float(support[p][judged].sum() / support[p].shape[1]),
+            variance=float((expected * (1 - expected)).sum()),
+        )
     return out
 
 
 def disagreements(evidence: list[Evidence]) -> list[dict]:
-    """Parties whose labels the other parties' inputs do not explain (garbage inputs, permuted classes)."""
+    """Parties whose labels the inputs do not explain as well as other parties' rows of the same classes
+    (garbage inputs, permuted classes)."""
     if len(evidence) < MIN_PEERS:
         return []
-    scores = agreement(evidence)
-    lift = {p: a - chance for p, (a, chance) in scores.items()}
-    median = float(np.median(list(lift.values())))
-    if median < SIGNAL:  # the labels are hidden from a linear head (tiny tau): no decision
+    scores = {p: a for p, a in agreement(evidence).items() if a.rows}
+    if len(scores) < MIN_PEERS:
         return []
-    spread = _robust_spread(list(lift.values()))
+    lift = float(np.median([(a.expected - a.chance) / a.rows for a in scores.values()]))
+    if lift < SIGNAL:  # the labels are hidden from a linear head (tiny tau): no decision
+        return []
+    shortfall = {p: a.shortfall for p, a in scores.items()}
+    median, spread = float(np.median(list(shortfall.values()))), _robust_spread(list(shortfall.values()))
     verdicts = []
-    for e in evidence:
-        share, chance = scores[e.party]
-        error = math.sqrt(max(share * (1 - share), 0.01) / len(e.fit_y))
-        gap = median - lift[e.party]
-        if lift[e.party] < AGREEMENT_GAP * median and gap > max(AGREEMENT_SIGMAS * error, SPREAD_Z * spread):
+    for party, a in scores.items():
+        missing = a.expected - a.hits
+        if shortfall[party] > AGREEMENT_GAP and missing > AGREEMENT_SIGMAS * math.sqrt(max(a.variance, 1.0)) \
+                and shortfall[party] - median > SPREAD_Z * spread:
             verdicts.append(_verdict(Implausible(
-                e.party, "labels-vs-inputs",
-                f"a ridge head fitted on every party's rows puts {100 * share:.0f}% of its rows in their label "
-                f"support (chance {100 * chance:.0f}%); the parties' median is {100 * (median + chance):.0f}%",
+                party, "labels-vs-inputs",
+                f"a ridge head fitted on every party's rows puts {100 * a.hits / a.rows:.0f}% of its rows in their "
+                f"label support, where other parties' rows of the same classes reach {100 * a.expected / a.rows:.0f}% "
+                f"(chance {100 * a.chance / a.rows:.0f}%)",
             )))
     return verdicts
 

@@ -179,7 +179,7 @@ def test_tiny_tau_hides_the_labels_and_the_label_checks_abstain():
     uploads = [prepare_upload(settings, p, 5) for p in range(5)]
     evidence = examine_all(settings, uploads)
     scores = plausibility.agreement(evidence)
-    assert np.median([a - c for a, c in scores.values()]) < plausibility.SIGNAL
+    assert np.median([(a.expected - a.chance) / a.rows for a in scores.values()]) < plausibility.SIGNAL
     garbage, _ = corrupt("garbage", uploads[1].arrays, uploads[1].metrics, generator=generator(0, 1, "fault"))
     evidence[1] = plausibility.examine(1, garbage["x"], garbage["y"], uploads[1].metrics, settings)
     assert plausibility.quarantine(evidence, settings) == []
