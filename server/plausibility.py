@@ -72,7 +72,7 @@ AGREEMENT_GAP = 0.5  # ... and flags a party that misses more than half of its e
 AGREEMENT_SIGMAS = 4.0  # ... by more than 4 binomial standard errors of its sample
 SPREAD_Z = 5.0  # ... and by more than 5 robust standard deviations (1.4826 MAD) of the parties' values
 STRUCTURE_K = 10  # principal directions shared by the parties' rows
-STRUCTURE_SIGNAL = 0.1  # structure decides only when the median party's share beats the isotropic k/d by this
+STRUCTURE_SIGNAL = 0.06  # structure decides only when the median party's share beats the isotropic k/d by this
 STRUCTURE_GAP = 0.5  # ... and flags a party whose excess share is below half the median's, by more than
 STRUCTURE_SIGMAS = 4.0  # ... 4 standard errors of its sample and SPREAD_Z robust standard deviations
 

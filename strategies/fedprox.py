@@ -14,6 +14,7 @@ best-scored updates; FedTrimmedAvg cuts `trimmed-beta` at each end.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 
@@ -176,7 +177,12 @@ def aggregate_states(settings: Settings, replies: list[tuple[dict, int]], previo
         _Reply(RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord({"num-examples": n})}))
         for state, n in replies
     ]
-    arrays, _ = strategy.aggregate_train(0, contents)
+    flower = logging.getLogger("flwr")
+    level, _ = flower.level, flower.setLevel(logging.WARNING)  # no per-round INFO lines outside a Flower run
+    try:
+        arrays, _ = strategy.aggregate_train(0, contents)
+    finally:
+        flower.setLevel(level)
     if arrays is None:
         return previous
     return {key: value.to(previous[key].dtype) for key, value in arrays.to_torch_state_dict().items()}
