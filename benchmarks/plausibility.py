@@ -22,8 +22,10 @@ import argparse
 import json
 import time
 
+import numpy as np
 from common import DATA_DIR, RESULTS, write
 
+from fedsmix.central import Union, clipped
 from fedsmix.config import load_settings
 from fedsmix.faults import corrupt
 from fedsmix.features import cache_path
@@ -80,6 +82,10 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
     honest = plausibility.quarantine(evidence, settings)
     t_checks = time.perf_counter() - t0 - t_encode
     scores = plausibility.agreement(evidence)
+    union = Union(np.concatenate([u.arrays["x"] for u in uploads]), np.concatenate([u.arrays["y"] for u in uploads]),
+                  np.repeat(np.arange(parties), [len(u.arrays["y"]) for u in uploads]))
+    view = clipped(union, settings.seed).x
+    distances = np.linalg.norm((np.asarray(union.x, dtype=np.float64) - view.center).reshape(len(union), -1), axis=1)
     row = {
         "parties": parties,
         "radius": overrides.get("radius"),
@@ -89,6 +95,8 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
         "agreement-lift": {p: round((a.expected - a.chance) / a.rows, 3) for p, a in scores.items() if a.rows},
         "structure-excess": {p: round(share - iso, 3) for shares, iso in [plausibility.structure(evidence)]
                              for p, (share, _) in shares.items()},
+        "clipped-rows": int((distances > view.bound).sum()),  # robust-training clip on these honest rows
+        "rows": len(union),
         "median-D": sorted(float(u.metrics["D"]) for u in uploads)[parties // 2],
         "seconds": {"encode": t_encode, "checks": t_checks},
         "faults": {},
@@ -153,7 +161,8 @@ def main() -> None:
             print(f"{dataset}: {label}: honest quarantined {len(row['honest-quarantined'])}; {caught}; "
                   f"energy ratio {energy[0]:.3f}..{energy[1]:.3f}; shortfall {span['agreement-shortfall'][0]:.2f}.."
                   f"{span['agreement-shortfall'][1]:.2f}; structure {span['structure-excess'][0]:.2f}.."
-                  f"{span['structure-excess'][1]:.2f}; {row['seconds']['checks']:.1f}s checks", flush=True)
+                  f"{span['structure-excess'][1]:.2f}; clip {row['clipped-rows']}/{row['rows']} rows; "
+                  f"{row['seconds']['checks']:.1f}s checks", flush=True)
     summary = count(results)
     print(summary)
     write("plausibility", {"command": "benchmarks/plausibility.py (per data set: --datasets NAME)", **summary,

@@ -159,19 +159,23 @@ class Clipped:
         rows = rows.numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows, dtype=np.float32)
         offset = rows - self.center
         norms = np.linalg.norm(offset.reshape(len(rows), -1), axis=1)
-        scale = np.minimum(1.0, self.bound / np.maximum(norms, 1e-12)).astype(np.float32)
-        return self.center + offset * scale.reshape((-1,) + (1,) * (offset.ndim - 1))
+        far = norms > self.bound
+        if far.any():  # rows within the bound are returned as they are, bit for bit
+            rows = rows.copy()
+            rows[far] = self.center + offset[far] * (self.bound / norms[far]).astype(np.float32).reshape(
+                (-1,) + (1,) * (offset.ndim - 1))
+        return rows
 
 
-def clipped(union: Union, seed: int = 0, factor: float = CLIP_FACTOR, sample: int = 20_000) -> Union:
+def clipped(union: Union, seed: int = 0, factor: float = CLIP_FACTOR, sample: int = 4096) -> Union:
     """robust-training clip: the union with rows beyond `factor` x the median distance to its centre pulled in.
     Centre and median from a seeded sample of at most `sample` rows; the centre is the coordinate-wise median
     (a mean would follow the inflated rows it is meant to bound)."""
     n = len(union)
     rows = np.sort(torch.randperm(n, generator=generator(seed, "robust-clip"))[:sample].numpy())
-    picked = np.asarray(union.x[rows], dtype=np.float64).reshape(len(rows), -1)
+    picked = np.asarray(union.x[rows], dtype=np.float32).reshape(len(rows), -1)
     center = np.median(picked, axis=0)
-    bound = factor * float(np.median(np.linalg.norm(picked - center, axis=1)))
+    bound = factor * float(np.median(np.linalg.norm((picked - center).astype(np.float64), axis=1)))
     view = Clipped(union.x, center.reshape(tuple(union.x.shape[1:])), bound)
     return Union(view, union.y, union.parties, union.noise_var, union.clean_var)
 

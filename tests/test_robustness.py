@@ -254,3 +254,32 @@ def test_robust_aggregators_ignore_one_scaled_update(aggregation):
     assert float(plain["w"].mean()) > 10
     assert math.isclose(float(robust["w"].mean()), 1.0, abs_tol=0.15), aggregation
     assert robust["w"].dtype == torch.float32 and robust["count"].dtype == previous["count"].dtype
+
+
+def test_robust_training_reaches_every_candidate_of_the_central_trainer(monkeypatch):
+    """clip: the linear heads are fitted on the clipped rows; trim: the MLP's loop gets the trim fraction."""
+    from fedsmix import central
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((300, 1, 4, 4)).astype(np.float32)
+    x[:30] *= 1000
+    y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 300)]
+    union = Union(x, y, np.repeat(np.arange(3), 100))
+    settings = load_settings({"trainer": "ridge", "ridge-gammas": "0.1", "validation-fraction": 0})
+    plain = central.fit(settings, union, (1, 4, 4), 3, "cpu", ["ridge@0.1"]).models["ridge@0.1"]
+    robust = central.fit(settings.replace(robust_training="clip"), union, (1, 4, 4), 3, "cpu", ["ridge@0.1"])
+    by_hand = central.fit(settings, central.clipped(union), (1, 4, 4), 3, "cpu", ["ridge@0.1"]).models["ridge@0.1"]
+    weight = robust.models["ridge@0.1"].linear.weight
+    assert torch.allclose(weight, by_hand.linear.weight) and not torch.allclose(weight, plain.linear.weight)
+    seen = {}
+
+    def fake_train(model, x, y, cfg, generator, **kwargs):
+        seen["trim"] = cfg.trim
+        return central.TrainReport()
+
+    monkeypatch.setattr(central, "train", fake_train)
+    central.fit(settings.replace(trainer="mlp", robust_training="trim", robust_trim=0.2), union, (1, 4, 4), 3,
+                "cpu", ["mlp"])
+    assert seen["trim"] == 0.2
+    central.fit(settings.replace(trainer="mlp"), union, (1, 4, 4), 3, "cpu", ["mlp"])
+    assert seen["trim"] == 0.0  # off by default
