@@ -12,7 +12,7 @@ EfficientNet-Lite0 features (64 px; only when the feature cache holds them); par
 parties' median D) under Dirichlet 0.5; on digits also 3 parties, no encoder, two encodings per sample,
 float16 uploads and another seed.
 
-    .venv/bin/python benchmarks/plausibility.py            # everything (about 30 min on 2 busy cores)
+    .venv/bin/python benchmarks/plausibility.py            # everything (about 45 min on 2 busy cores)
     .venv/bin/python benchmarks/plausibility.py --datasets digits     # one data set; the others' rows are kept
 """
 

@@ -36,8 +36,8 @@ UPLOAD_FAULTS = ("clean", "scale 100", "scale 10^4", "garbage", "label-flip", "r
 UPDATE_FAULTS = ("clean", "scale 100", "sign-flip", "label-flip")
 MIXUP = {"strategies": "mixup-union"}
 VARIANTS = {
-    "mixup-union (checks on)": (MIXUP, UPLOAD_FAULTS),
-    "mixup-union (checks off)": ({**MIXUP, "plausibility": False}, UPLOAD_FAULTS[1:]),
+    "mixup-union (checks on)": ({**MIXUP, "robust-training": "off"}, UPLOAD_FAULTS),
+    "mixup-union (checks off)": ({**MIXUP, "plausibility": False, "robust-training": "off"}, UPLOAD_FAULTS[1:]),
     "mixup-union (checks off, clip)": ({**MIXUP, "plausibility": False, "robust-training": "clip"}, UPLOAD_FAULTS),
     "mixup-union (checks off, trim)": ({**MIXUP, "plausibility": False, "robust-training": "trim"}, UPLOAD_FAULTS),
     **{f"fedavg ({agg})": ({"strategies": "fedavg", "aggregation": agg}, UPDATE_FAULTS)
@@ -61,22 +61,27 @@ def run_row(variant: str, fault: str) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    """One line per variant and fault: accuracy, its change from the variant's clean run, who was caught."""
+    """One line per variant, one column per fault: accuracy % (change from the variant's clean run, points),
+    and the check that named the bad party where one did."""
     clean = {r["variant"]: r["accuracy"] for r in rows if r["fault"] == "clean"}
     clean["mixup-union (checks off)"] = clean.get("mixup-union (checks on)")  # no check fires on clean uploads
-    out = []
+    cells: dict[str, dict] = {}
     for r in rows:
-        base = clean.get(r["variant"])
-        caught = ", ".join(f"party {q['party']} ({q['check']})" for q in r["quarantined"])
-        checks = r["variant"].startswith("mixup-union (checks on")
-        out.append({
-            "variant": r["variant"], "fault": r["fault"], "accuracy": fmt(100 * r["accuracy"], ".2f"),
-            "change": "-" if base is None or r["fault"] == "clean" else f"{100 * (r['accuracy'] - base):+.2f}",
-            "caught": caught or ("no" if checks and r["fault"] != "clean" else "-"),
-        })
-    columns = [("variant", "strategy (server side)"), ("fault", f"party {BAD} of {PARTIES}"),
-               ("accuracy", "test acc %"), ("change", "vs clean (points)"), ("caught", "quarantined")]
-    return markdown(out, columns, "llrrl")
+        base, line = clean.get(r["variant"]), cells.setdefault(r["variant"], {"variant": r["variant"]})
+        text = fmt(100 * r["accuracy"], ".2f")
+        if r["fault"] != "clean" and base is not None:
+            text += f" ({100 * (r['accuracy'] - base):+.2f})"
+        named = [q for q in r["quarantined"] if q["party"] == BAD]
+        if named:
+            text += f", caught: {named[0]['check']}"
+        elif r["fault"] != "clean" and r["variant"] == "mixup-union (checks on)":
+            text += ", not caught"
+        line[r["fault"]] = text
+    if "mixup-union (checks off)" in cells:  # its clean run is the checked one's: no check fires on clean uploads
+        checked = cells.get("mixup-union (checks on)", {})
+        cells["mixup-union (checks off)"].setdefault("clean", checked.get("clean", "-"))
+    columns = [("variant", "strategy (server side)")] + [(f, f) for f in FAULTS]
+    return markdown(list(cells.values()), columns, "l" + "r" * len(FAULTS))
 
 
 def main() -> None:
