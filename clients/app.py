@@ -7,17 +7,32 @@ the permutation, the seed or a raw sample.
 
 from __future__ import annotations
 
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+import sys
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import fixedclipping_mod
+from flwr.clientapp.typing import ClientAppCallable
 
 from fedsmix.central import test_accuracy
 from fedsmix.config import Settings
 from fedsmix.device import select_device
 from fedsmix.faults import maybe_fail
-from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
+from fedsmix.party import dp_sgd_spent, load_partition, personalize, prepare_upload, score_candidates, train_local
+from fedsmix.progress import Progress
 from fedsmix.space import load_test
 
 app = ClientApp()
+CLIPPING_NORM = "clipping_norm"  # the key Flower's DifferentialPrivacyClientSideFixedClipping sends
+
+
+def dp_clipping_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower's `fixedclipping_mod` on the rounds whose server wraps its strategy in client-side DP clipping
+    (their config carries the clipping norm); local-only training passes through untouched."""
+    config = msg.content.config_records.get("config")
+    if config is not None and CLIPPING_NORM in config:
+        return fixedclipping_mod(msg, context, call_next)
+    return call_next(msg, context)
 
 
 def _settings(msg: Message, context: Context) -> tuple[Settings, int, int]:
@@ -34,12 +49,23 @@ def _reply(msg: Message, metrics: dict, **records) -> Message:
     return Message(RecordDict({**records, "metrics": numbers}), reply_to=msg)
 
 
+def ray_node() -> dict[str, str]:
+    """The Ray node this ClientApp runs on, when the simulation engine placed it in a Ray actor (else nothing:
+    a SuperNode of the deployment runtime says nothing about its machine)."""
+    ray = sys.modules.get("ray")  # never import Ray here: a SuperNode of the deployment runtime has none
+    if ray is not None and ray.is_initialized():
+        return {"ray-node-id": ray.get_runtime_context().get_node_id()}
+    return {}
+
+
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
-    """Say which party this node is; load the partition now (a cold start happens here, not in a timed phase)."""
+    """Say which party this node is (and, under Ray, on which Ray node it runs); load the partition now (a cold
+    start happens here, not in a timed phase)."""
     settings, party, num_parties = _settings(msg, context)
     part = load_partition(settings, party, num_parties)
-    return _reply(msg, {"party": party, "num-examples": len(part.labels)})
+    where = {"node": ConfigRecord(node)} if (node := ray_node()) else {}
+    return _reply(msg, {"party": party, "num-examples": len(part.labels)}, **where)
 
 
 @app.query("encode")
@@ -80,7 +106,7 @@ def personalize_model(msg: Message, context: Context) -> Message:
     return _reply(msg, {"party": party, "accuracy": test_accuracy(model, load_test(settings), device)["accuracy"]})
 
 
-@app.train()
+@app.train(mods=[dp_clipping_mod])
 def train(msg: Message, context: Context) -> Message:
     """Local-only training, or one FedAvg/FedProx round (proximal term when proximal-mu > 0)."""
     settings, party, num_parties = _settings(msg, context)
@@ -88,20 +114,30 @@ def train(msg: Message, context: Context) -> Message:
     mode = str(config.get("mode", "federated"))
     maybe_fail(settings.fault, party, mode, settings.reply_timeout)
     device = select_device(settings.device)
+    server_round = int(config.get("server-round", 0))
+    # a party's long local-only training prints its epochs (Flower streams a ClientApp's stdout through Ray,
+    # seconds late); the server's progress.jsonl records the party when its model arrives
+    report = Progress(None, interval=settings.progress_interval).epochs(
+        settings.epochs, phase=f"party {party} local training", strategy=mode) if mode == "local-only" else None
     result = train_local(
         settings,
         load_partition(settings, party, num_parties),
         msg.content["arrays"].to_torch_state_dict(),
         mode=mode,
-        server_round=int(config.get("server-round", 0)),
+        server_round=server_round,
         proximal_mu=float(config.get("proximal-mu", 0.0)),
         device=device,
+        on_epoch=report,
     )
     metrics = {
         "party": party,
         "num-examples": result.num_examples,
+        "equal-weight": 1,  # DP-FedAvg aggregates by this key: every party counts the same
         "train-loss": result.report.losses[-1],
         "train-seconds": result.report.seconds,
         "on-cuda": int(device.startswith("cuda")),
     }
+    if (spent := dp_sgd_spent(settings, result.report, server_round)) is not None:
+        metrics["dp-sgd-epsilon"] = spent
+        metrics["dp-sgd-noise-multiplier"] = result.report.dp_noise_multiplier
     return _reply(msg, metrics, arrays=ArrayRecord(result.model.cpu().state_dict()))

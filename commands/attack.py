@@ -82,6 +82,11 @@ def cmd_attack(args: argparse.Namespace) -> int:
         out = PROJECT_ROOT / out
     out.mkdir(parents=True, exist_ok=True)
     print(f"fedsmix attack: writing to {out} (device {device})", flush=True)
+    from fedsmix.progress import FILE, Progress
+
+    # the sweep prints its own line per tau; the events go to the file for `fedsmix show --follow <out>`
+    progress = Progress(out / FILE, echo=False, interval=first.progress_interval)
+    progress.emit("run-start", **{"run-dir": str(out), "strategies": ["attack"], "dataset": ",".join(datasets)})
     tables = []
     for settings in runs:
         result = run_sweep(
@@ -95,9 +100,11 @@ def cmd_attack(args: argparse.Namespace) -> int:
             args.split or "test",
             args.resize,
             parties=args.parties,
+            progress=progress.bind(strategy=f"attack {settings.dataset} {settings.radius_mode}"),
         )
         tables.append(Path(result["files"][0]).read_text())
     (out / "tables.md").write_text("\n".join(tables))
+    progress.emit("run-end", failures=[])
     print("\n" + "\n".join(tables), flush=True)
     print(f"tables, CSV and figures in {out}", flush=True)
     return 0

@@ -45,7 +45,22 @@ def absolute_paths(values: dict) -> dict:
     return values
 
 
+def check_dataset(settings) -> None:
+    """Read and check a data set given as a path (DatasetError names the file and the problem); print what was
+    inferred. The launching process does not keep it."""
+    from fedsmix.data import _read_user_dataset, describe_dataset, is_path_dataset
+
+    if not is_path_dataset(settings.dataset):
+        return
+    from fedsmix.progress import describe
+
+    print(describe({"kind": "dataset", **describe_dataset(settings)}), flush=True)
+    _read_user_dataset.cache_clear()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from fedsmix.data import is_path_dataset
+
     from .federation import environment as federation_environment
     from .federation import federation_config, flower_part
     from .launch import flwr_run
@@ -53,7 +68,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = parse_sets(args.set)
     if args.preset:
         overrides["preset"] = args.preset
-    load_settings(overrides)  # fail here, before Flower starts, on any bad key or value
+    settings = load_settings(overrides)  # fail here, before Flower starts, on any bad key or value
+    check_dataset(settings)  # and on a bad data set of your own
+    if is_path_dataset(settings.dataset):  # the absolute path: the ServerApp runs from Flower's app folder
+        overrides["dataset"] = settings.dataset
     overrides = absolute_paths(overrides)
     federation = federation_config(overrides.get("preset", ""), parse_sets(args.federation, "--federation"))
     parties = args.parties or federation.get("num-supernodes") or 10
@@ -70,10 +88,34 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    """A run's results table (what has finished so far) and its progress: the last events, or, with
+    --follow, every event as it is written until the run ends."""
+    from fedsmix.progress import FILE, clock, describe, follow, read_events
     from server.results import render
 
-    path = Path(args.run_dir) / "results.json"
-    render(json.loads(path.read_text()))
+    run_dir = Path(args.run_dir)
+    results_path, events_path = run_dir / "results.json", run_dir / FILE
+    if args.follow:
+        follow(events_path, timeout=args.timeout)
+    elif not results_path.is_file() and not events_path.is_file():
+        raise SettingsError(f"show: {run_dir} has neither results.json nor {FILE}: not a run directory (yet)")
+    results = json.loads(results_path.read_text()) if results_path.is_file() else None
+    if results is not None:
+        render(results)
+    events = read_events(events_path)
+    if not args.follow and events:
+        ended = any(e.get("kind") == "run-end" for e in events)
+        running = [e.get("strategy") for e in events if e.get("kind") == "strategy-start"]
+        finished = {e.get("strategy") for e in events if e.get("kind") in ("strategy-end", "strategy-failed")}
+        if not ended:
+            current = [name for name in running if name not in finished]
+            print(f"run in progress ({len(finished)} strategies finished"
+                  + (f", running {current[-1]}" if current else "") + f"); last events of {events_path}:")
+        for event in events[-args.events:] if args.events else events:
+            print(describe(event))
+        clocks = [float(e.get("clock", 0.0)) for e in events]
+        silence = max((b - a for a, b in zip(clocks, clocks[1:])), default=0.0)
+        print(f"progress: {len(events)} events over {clock(clocks[-1])}; longest silence between two: {silence:.1f}s")
     return 0
 
 
@@ -110,8 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         help="federation-config override, beats the preset's `federation:` block (e.g. client-resources-num-gpus=0.25)",
     )
     run.set_defaults(func=cmd_run)
-    show = sub.add_parser("show", help="print a run's results table")
+    show = sub.add_parser("show", help="print a run's results table and progress (a run still going, too)")
     show.add_argument("run_dir", nargs="?", default=str(PROJECT_ROOT / "runs" / "latest"))
+    show.add_argument("--follow", action="store_true", help="print progress events as the run writes them, to its end")
+    show.add_argument("--events", type=int, default=10, help="how many of the last progress events to print (0: all)")
+    show.add_argument("--timeout", type=float, default=None,
+                      help="with --follow: stop after this many seconds without a new event")
     show.set_defaults(func=cmd_show)
     feats = sub.add_parser("features", help="extract and cache a preset's backbone features (train and test)")
     feats.add_argument("--preset", default="")

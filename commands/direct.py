@@ -32,6 +32,8 @@ from fedsmix.config import Settings, dump_settings
 from fedsmix.device import select_device
 from fedsmix.models import new_classifier
 from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
+from fedsmix.progress import FILE as PROGRESS_FILE
+from fedsmix.progress import SILENT, Progress
 from fedsmix.runs import atomic_write_json, new_run_dir
 from fedsmix.space import load_test, load_train_all, mixing_shape, public_in_space
 from fedsmix.training import state_digest
@@ -45,10 +47,25 @@ def _nbytes(state: dict[str, torch.Tensor]) -> int:
 
 
 def _initial(settings: Settings) -> torch.nn.Module:
-    return new_classifier(settings, mixing_shape(settings), datalib.spec(settings.dataset).num_classes)
+    return new_classifier(settings, mixing_shape(settings), datalib.dataset_spec(settings).num_classes)
 
 
-def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict:
+def epoch_reporter(settings: Settings, progress: Progress, test, device: str, curve: list[dict], t0: float,
+                   phase: str = "central training"):
+    """The ServerApp's epoch hook (strategies/common.py), here: accuracy every `eval-every` epochs, one line."""
+    report = progress.epochs(settings.epochs, phase=phase)
+
+    def on_epoch(model: torch.nn.Module, epoch: int, loss: float) -> None:
+        accuracy = None
+        if settings.eval_every and epoch % settings.eval_every == 0:
+            accuracy = test_accuracy(model, test, device)["accuracy"]
+            curve.append({"epoch": epoch, "accuracy": accuracy, "seconds": time.perf_counter() - t0})
+        report(epoch, loss, accuracy)
+
+    return on_epoch
+
+
+def mixup_union(settings: Settings, num_parties: int, test, device: str, progress: Progress = SILENT) -> dict:
     t0 = time.perf_counter()
     xs, ys, parties, partitions, evidence = {}, {}, {}, {}, []
     for party in range(num_parties):
@@ -56,6 +73,8 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict
         xs[party], ys[party] = upload.arrays["x"], upload.arrays["y"]
         parties[party] = {**upload.metrics, "upload-bytes": upload.nbytes}
         partitions[party] = upload.partition
+        progress.emit("upload", party=party, done=party + 1, of=num_parties, rows=len(upload.arrays["y"]),
+                      **{"encode-seconds": upload.metrics.get("encode-seconds")})
         if settings.plausibility:
             evidence.append(examine(party, xs[party], ys[party], upload.metrics, settings))
         del upload
@@ -73,7 +92,7 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict
     x, y = np.concatenate([xs[p] for p in used]), np.concatenate([ys[p] for p in used])
     rows = np.repeat(np.array(used), [len(ys[p]) for p in used])
     del xs, ys
-    shape, num_classes = mixing_shape(settings), datalib.spec(settings.dataset).num_classes
+    shape, num_classes = mixing_shape(settings), datalib.dataset_spec(settings).num_classes
     union = Union(x, y, rows, *union_statistics(list(parties.values()), math.prod(shape), settings.encoder))
 
     def score(models, held):  # each party scores the candidates on its own clean samples, as the ClientApp does
@@ -81,13 +100,15 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict
         return {p: score_candidates(settings, partitions[p], r, states, device) for p, r in held.items()}
 
     public = public_in_space(settings) if needs_public(settings) else None
-    selection = train_union(settings, union, shape, num_classes, device, score=score, public=public)
+    curve: list[dict] = []
+    selection = train_union(settings, union, shape, num_classes, device, score=score, public=public,
+                            progress=progress, on_epoch=epoch_reporter(settings, progress, test, device, curve, t0))
     metrics = test_accuracy(selection.model, test, device)
     up = [p["upload-bytes"] for p in parties.values()]
     result = {
         "accuracy": metrics["accuracy"], "test-loss": metrics["loss"], "trainer": selection.chosen,
         "selection": {"validation-accuracy": selection.validation, "held-out-rows": selection.held_out,
-                      "noise-var": union.noise_var, "clean-var": union.clean_var},
+                      "noise-var": union.noise_var, "mix-scale": union.mix_scale},
         "parties-used": len(parties), "union-size": len(x), "radius-mode": settings.radius_mode, "tau": settings.tau,
         "parties": {str(p): v for p, v in parties.items()}, "dropped": [], "rejected": [], "quarantined": quarantined,
         "upload-seconds": t_upload, "train-seconds": selection.report.get("seconds"),
@@ -100,20 +121,27 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict
             for p, part in partitions.items()
         }
         result["returned"] = party_summary(accuracy)
+        progress.emit("returned", parties=len(accuracy), mean=result["returned"]["mean"])
+    if curve:
+        result["curve"] = curve
     return {**result, "wall-seconds": time.perf_counter() - t0, "mean-bytes-up-per-party": sum(up) / len(up),
             "mean-bytes-down-per-party": 0, "bytes": PAYLOAD}
 
 
-def local_only(settings: Settings, num_parties: int, test, device: str) -> dict:
+def local_only(settings: Settings, num_parties: int, test, device: str, progress: Progress = SILENT) -> dict:
     t0 = time.perf_counter()
     model = _initial(settings)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     accuracy = {}
     for party in range(num_parties):
-        result = train_local(
-            settings, load_partition(settings, party, num_parties), initial, mode="local-only", device=device
-        )
+        # the party's own epochs: printed, not recorded, as the ClientApp does (clients/app.py)
+        report = Progress(None, echo=progress.echo, interval=progress.interval).epochs(
+            settings.epochs, phase=f"party {party} local training", strategy="local-only")
+        result = train_local(settings, load_partition(settings, party, num_parties), initial, mode="local-only",
+                             device=device, on_epoch=report)
         accuracy[party] = test_accuracy(result.model, test, device)["accuracy"]
+        progress.emit("party", party=party, done=party + 1, of=num_parties, accuracy=accuracy[party],
+                      **{"train-seconds": result.report.seconds})
     values = list(accuracy.values())
     return {
         "accuracy": accuracy[0],
@@ -132,15 +160,20 @@ def local_only(settings: Settings, num_parties: int, test, device: str) -> dict:
     }
 
 
-def federated(settings: Settings, num_parties: int, test, device: str, mode: str) -> dict:
+def federated(
+    settings: Settings, num_parties: int, test, device: str, mode: str, progress: Progress = SILENT
+) -> dict:
     """FedAvg (mu = 0) / FedProx rounds; every party trains each round (fraction-train is not sampled here)."""
     if settings.fraction_train < 1:
         raise ValueError("fraction-train < 1 needs Flower's sampling: use --engine simulate or flwr")
+    if settings.dp_fedavg != "off":
+        raise ValueError("dp-fedavg runs through Flower's DP wrappers and accountant: use --engine simulate or flwr")
     t0 = time.perf_counter()
     mu = settings.proximal_mu if mode == "fedprox" else 0.0
     model = _initial(settings)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     curve = [{"round": 0, "accuracy": test_accuracy(model, test, device)["accuracy"], "seconds": 0.0}]
+    progress.emit("round", round=0, rounds=settings.rounds, accuracy=curve[0]["accuracy"], elapsed=0.0)
     for server_round in range(1, settings.rounds + 1):
         replies = []
         for party in range(num_parties):
@@ -157,7 +190,11 @@ def federated(settings: Settings, num_parties: int, test, device: str, mode: str
         state = aggregate(settings, state, replies)
         model.load_state_dict(state)
         accuracy = test_accuracy(model, test, device)["accuracy"]
-        curve.append({"round": server_round, "accuracy": accuracy, "seconds": time.perf_counter() - t0})
+        elapsed = time.perf_counter() - t0
+        curve.append({"round": server_round, "accuracy": accuracy, "seconds": elapsed})
+        progress.emit("round", round=server_round, rounds=settings.rounds, answered=len(replies), sampled=num_parties,
+                      accuracy=accuracy, elapsed=round(elapsed, 3),
+                      eta=round(elapsed / server_round * (settings.rounds - server_round), 3))
     per_round = _nbytes(state)
     return {
         "accuracy": curve[-1]["accuracy"],
@@ -188,10 +225,11 @@ def aggregate(settings: Settings, state: dict[str, torch.Tensor], replies: list[
     return {key: sum(r[key].double() * (n / total) for r, n in replies).to(value.dtype) for key, value in state.items()}
 
 
-def centralized(settings: Settings, num_parties: int, test, device: str) -> dict:
+def centralized(settings: Settings, num_parties: int, test, device: str, progress: Progress = SILENT) -> dict:
     t0 = time.perf_counter()
+    curve: list[dict] = []
     x, labels = load_train_all(settings)
-    num_classes = datalib.spec(settings.dataset).num_classes
+    num_classes = datalib.dataset_spec(settings).num_classes
     model, report = train_classifier(
         settings,
         x,
@@ -200,9 +238,11 @@ def centralized(settings: Settings, num_parties: int, test, device: str) -> dict
         num_classes,
         device,
         purpose="centralized",
+        on_epoch=epoch_reporter(settings, progress, test, device, curve, t0),
     )
     metrics = test_accuracy(model, test, device)
     return {
+        **({"curve": curve} if curve else {}),
         "accuracy": metrics["accuracy"],
         "test-loss": metrics["loss"],
         "train-size": len(labels),
@@ -217,15 +257,20 @@ def centralized(settings: Settings, num_parties: int, test, device: str) -> dict
 STRATEGIES = {
     "mixup-union": mixup_union,
     "local-only": local_only,
-    "fedavg": lambda s, n, t, d: federated(s, n, t, d, "fedavg"),
-    "fedprox": lambda s, n, t, d: federated(s, n, t, d, "fedprox"),
+    "fedavg": lambda s, n, t, d, progress=SILENT: federated(s, n, t, d, "fedavg", progress),
+    "fedprox": lambda s, n, t, d, progress=SILENT: federated(s, n, t, d, "fedprox", progress),
     "centralized": centralized,
 }
 
 
 def run(settings: Settings, num_parties: int) -> dict:
     """Like the ServerApp's run_experiment: one run directory, results.json after every strategy."""
+    dataset = datalib.describe_dataset(settings)  # a path data set is checked before anything is written
     run_dir = new_run_dir(settings.runs_dir, settings.run_name, "direct")
+    progress = Progress(run_dir / PROGRESS_FILE, interval=settings.progress_interval)
+    progress.emit("run-start", **{"run-dir": str(run_dir), "strategies": list(settings.strategies),
+                                  "dataset": settings.dataset, "parties": num_parties, "engine": "direct"})
+    progress.emit("dataset", **dataset)
     device = select_device(settings.device)
     test = load_test(settings)
     results = {
@@ -233,11 +278,24 @@ def run(settings: Settings, num_parties: int) -> dict:
         "run-dir": str(run_dir),
         "engine": "direct",
         "settings": dump_settings(settings),
+        "dataset": dataset,
         "num-parties": num_parties,
         "device": device,
         "strategies": {},
     }
-    for name in settings.strategies:
-        results["strategies"][name] = STRATEGIES[name](settings, num_parties, test, device)
+    for index, name in enumerate(settings.strategies, start=1):
+        bound, started = progress.bind(strategy=name), time.perf_counter()
+        bound.emit("strategy-start", index=index, total=len(settings.strategies))
+        try:
+            with bound.watch():
+                results["strategies"][name] = STRATEGIES[name](settings, num_parties, test, device, progress=bound)
+        except Exception as err:
+            bound.emit("strategy-failed", error=f"{type(err).__name__}: {err}",
+                       seconds=round(time.perf_counter() - started, 3))
+            progress.emit("run-end", failures=[f"{name}: {type(err).__name__}: {err}"])
+            raise
+        bound.emit("strategy-end", accuracy=results["strategies"][name].get("accuracy"),
+                   seconds=round(time.perf_counter() - started, 3))
         atomic_write_json(run_dir / "results.json", results)
+    progress.emit("run-end", failures=[])
     return results

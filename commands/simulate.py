@@ -13,6 +13,7 @@ from pathlib import Path
 
 from clients.app import app as client_app
 from fedsmix.config import Settings, load_settings
+from fedsmix.data import describe_dataset
 from server.app import make_app, run_experiment
 
 from .federation import DEFAULT_FEDERATION, federation_config
@@ -48,7 +49,8 @@ def simulate(
     Resources: `backend_config` as Flower takes it, else the preset's `federation:` block with
     `federation` (federation-config keys) on top.
     """
-    settings = load_settings(overrides)  # fail fast on bad settings
+    settings = load_settings(overrides)  # fail fast on bad settings, and on a bad data set of your own
+    describe_dataset(settings)
     launch(make_app(dict(overrides)), num_parties, backend_config or backend_for(settings.preset, federation))
     latest = Path(settings.runs_dir).expanduser() / "latest"
     return json.loads((latest / "results.json").read_text())

@@ -11,8 +11,12 @@ the trainer that fits the uploads best is not the one that classifies clean inpu
 - `ridge`: a closed-form linear head on the uploads, one candidate per relative penalty gamma.
 - `ridge-eiv`: errors in variables: the known noise covariance (sigma^2 I, from every party's
   reported r and the weight distribution) is removed from the uploads' covariance first.
-- `ridge-public`: the clean covariance is the public pool's, scaled to the parties' reported V;
-  only the input-label cross-covariance comes from the uploads.
+- `lda`: a Gaussian discriminant: class means recovered from the soft labels (the mixing shrinks
+  them towards the overall mean by a known factor), the within-class covariance from the uploads'
+  covariance less the noise (as `ridge-eiv`), regularised by gamma; large gamma is the nearest
+  class mean.
+- `lda-public`: the same with the within-class covariance's shape taken from the public pool (the
+  server's Tiny-ImageNet data in the mixing space), scaled to the uploads' within-class variance.
 - `auto`: every family above.
 
 With more than one candidate the server holds out `validation-fraction` of every party's upload
@@ -46,6 +50,7 @@ from torch import nn
 
 from .config import Settings
 from .models import new_classifier
+from .progress import SILENT, Progress
 from .seeding import generator
 from .training import TrainConfig, TrainReport, evaluate, predict, train, train_config
 
@@ -56,10 +61,11 @@ FAMILIES = {
     "mlp-recal": ("mlp-recal",),
     "ridge": ("ridge",),
     "ridge-eiv": ("ridge-eiv",),
-    "ridge-public": ("ridge-public",),
+    "lda": ("lda",),
+    "lda-public": ("lda-public",),
 }
 FAMILIES["auto"] = tuple(name for names in FAMILIES.values() for name in names)
-LINEAR = ("ridge", "ridge-eiv", "ridge-public")
+LINEAR = ("ridge", "ridge-eiv", "lda", "lda-public")
 
 
 def train_classifier(
@@ -119,22 +125,23 @@ class Union:
     """The uploaded union as the central trainer sees it.
 
     `parties[i]` is the party of row i (rows are grouped by party, in the order uploaded);
-    `noise_var` the mean per-coordinate variance of the noise in a row (sigma^2) and `clean_var` that of
-    its mixed clean part: both from what every party reports with its upload (`union_statistics`).
+    `noise_var` the mean per-coordinate variance of the noise in a row (sigma^2) and `mix_scale` the
+    factor by which mixing scales the clean covariance (E[w1^2 + w2^2]): both from what every party
+    reports with its upload and the encoder's weight distribution (`union_statistics`).
     """
 
     x: object
     y: np.ndarray
     parties: np.ndarray
     noise_var: float = 0.0
-    clean_var: float = 0.0
+    mix_scale: float = 1.0
 
     def __len__(self) -> int:
         return len(self.y)
 
     def subset(self, rows: np.ndarray) -> Union:
         rows = np.asarray(rows, dtype=np.int64)
-        return Union(Rows(self.x, rows), self.y[rows], self.parties[rows], self.noise_var, self.clean_var)
+        return Union(Rows(self.x, rows), self.y[rows], self.parties[rows], self.noise_var, self.mix_scale)
 
     def local_rows(self, rows: np.ndarray) -> dict[int, np.ndarray]:
         """Global row indices -> each party's own upload rows (what the party can map to its samples)."""
@@ -178,7 +185,7 @@ def clipped(union: Union, seed: int = 0, factor: float = CLIP_FACTOR, sample: in
     center = np.median(picked, axis=0)
     bound = factor * float(np.median(np.linalg.norm((picked - center).astype(np.float64), axis=1)))
     view = Clipped(union.x, center.reshape(tuple(union.x.shape[1:])), bound)
-    return Union(view, union.y, union.parties, union.noise_var, union.clean_var)
+    return Union(view, union.y, union.parties, union.noise_var, union.mix_scale)
 
 
 @lru_cache(maxsize=8)
@@ -192,23 +199,19 @@ def weight_moments(alpha: float, draws: int = 200_000) -> tuple[float, float]:
 
 
 def union_statistics(reports: list[dict], dim: int, encoder: str) -> tuple[float, float]:
-    """(sigma^2, mixed clean variance) per coordinate, row-weighted over the parties' reports
-    (num-examples, radius, alpha, V). For singularized mixup the noise w2 e has sigma^2 = E[w2^2] r^2 / d
-    and the two mixed samples keep E[w1^2 + w2^2] of the clean variance V / d; other encoders add no noise
-    (their mixing scale is left at 1)."""
+    """(sigma^2, mixing scale) of the union from the parties' reports (num-examples, radius, alpha),
+    row-weighted: for singularized mixup the noise w2 e has sigma^2 = E[w2^2] r^2 / d per coordinate and
+    the two mixed samples keep E[w1^2 + w2^2] of the clean covariance. Other encoders add no noise; their
+    mixing scale is left at 1 (their class means are then shrunk, which leaves a discriminant's direction)."""
     n = sum(int(r["num-examples"]) for r in reports)
-    if not n or dim <= 0:
-        return 0.0, 0.0
-    noise = clean = 0.0
+    if not n or dim <= 0 or encoder != "singularized":
+        return 0.0, 1.0
+    noise = scale = 0.0
     for r in reports:
-        rows, v = int(r["num-examples"]), float(r.get("V", 0.0))
-        if encoder == "singularized":
-            partner, mixed = weight_moments(float(r["alpha"]))
-            noise += rows * partner * float(r.get("radius", 0.0)) ** 2
-            clean += rows * mixed * v
-        else:
-            clean += rows * v
-    return noise / n / dim, clean / n / dim
+        partner, mixed = weight_moments(float(r["alpha"]))
+        noise += int(r["num-examples"]) * partner * float(r.get("radius", 0.0)) ** 2
+        scale += int(r["num-examples"]) * mixed
+    return noise / n / dim, scale / n
 
 
 # ----------------------------------------------------------------------------------- candidates
@@ -221,23 +224,25 @@ class Moments:
     mean_y: torch.Tensor  # (C,)
     xx: torch.Tensor  # (d, d) covariance
     xy: torch.Tensor  # (d, C) cross-covariance
+    yy: torch.Tensor  # (C,) mean squared label per class (how unevenly the soft labels weight the rows)
 
     @classmethod
     def of(cls, x, y: np.ndarray, block: int = 4096) -> Moments:
         n = len(y)
         first = _flat(x[np.arange(min(block, n))])
         d, c = first.shape[1], y.shape[1]
-        sx, sy = torch.zeros(d, dtype=torch.float64), torch.zeros(c, dtype=torch.float64)
+        sx, sy, syy = (torch.zeros(k, dtype=torch.float64) for k in (d, c, c))
         sxx, sxy = torch.zeros(d, d, dtype=torch.float64), torch.zeros(d, c, dtype=torch.float64)
         for start in range(0, n, block):
             xb = first if start == 0 else _flat(x[np.arange(start, min(start + block, n))])
             yb = torch.from_numpy(np.asarray(y[start : start + block], dtype=np.float64))
             sx += xb.sum(0)
             sy += yb.sum(0)
+            syy += (yb * yb).sum(0)
             sxx.addmm_(xb.T, xb)
             sxy.addmm_(xb.T, yb)
         mx, my = sx / n, sy / n
-        return cls(n, mx, my, sxx / n - torch.outer(mx, mx), sxy / n - torch.outer(mx, my))
+        return cls(n, mx, my, sxx / n - torch.outer(mx, mx), sxy / n - torch.outer(mx, my), syy / n)
 
 
 def _flat(rows) -> torch.Tensor:
@@ -259,35 +264,63 @@ class LinearHead(nn.Module):
         return self.linear(x.flatten(1))
 
 
-def linear_heads(kind: str, m: Moments, gammas: tuple[float, ...], noise_var: float = 0.0,
-                 prior: torch.Tensor | None = None, clean_var: float = 0.0) -> dict[str, LinearHead]:
-    """One head per relative penalty gamma: W = (S + gamma * tr(S)/d * I)^-1 C_xy, b = mean_y - mean_x W.
+def linear_heads(kind: str, m: Moments, gammas: tuple[float, ...], noise_var: float = 0.0, mix_scale: float = 1.0,
+                 prior: torch.Tensor | None = None) -> dict[str, LinearHead]:
+    """One closed-form head per relative penalty gamma (the penalty is gamma times the mean eigenvalue).
 
-    S is the uploads' covariance (`ridge`), that covariance less the known noise sigma^2 I with its
-    eigenvalues floored at 0 (`ridge-eiv`), or the public pool's covariance scaled to the uploads'
-    mixed clean variance (`ridge-public`). C_xy always comes from the uploads: the noise is independent
-    of the labels, so it is unbiased there.
+    ridge:       W = (S + penalty I)^-1 C_xy, b = mean_y - mean_x W, with S the uploads' covariance;
+    ridge-eiv:   S less the known noise sigma^2 I, eigenvalues floored at 0 (errors in variables);
+    lda:         logits_c = x S_w^-1 mu_c - mu_c S_w^-1 mu_c / 2 + log pi_c, with the clean class means
+                 mu_c - mean = C_xy[:, c] / (pi_c * mix_scale) (soft labels pull every mixed class mean
+                 towards the overall mean by mix_scale) and the within-class covariance S_w = the clean
+                 total covariance (S - sigma^2 I) / mix_scale less the between-class one, floored at 0;
+                 S_w is shrunk as (S_w + gamma s I) / (1 + gamma), s its mean eigenvalue, so that large
+                 gamma is the nearest class mean (with the class priors) rather than the priors alone.
+                 The quadratic term is debiased for the noise in the estimated means (at small tau the
+                 noise in mu_c's estimate, not mu_c, would dominate mu_c S_w^-1 mu_c);
+    lda-public:  S_w's shape from the public pool's covariance (`prior`), scaled to S_w's trace.
+    C_xy always comes from the uploads: the noise is independent of the labels, so it is unbiased there.
     """
     d = m.xx.shape[0]
-    if kind == "ridge":
-        cov = m.xx
-    elif kind == "ridge-eiv":
-        values, vectors = torch.linalg.eigh(m.xx)
-        cov = (vectors * (values - noise_var).clamp_min(0.0)) @ vectors.T
-    elif kind == "ridge-public":
-        if prior is None:
-            raise ValueError("ridge-public needs a clean covariance from public data")
-        cov = prior.double() * (clean_var * d / float(torch.trace(prior))) if clean_var > 0 else prior.double()
-    else:
+    if kind in ("ridge", "ridge-eiv"):
+        cov = m.xx if kind == "ridge" else _floored(m.xx - noise_var * torch.eye(d, dtype=m.xx.dtype))
+        values, vectors = torch.linalg.eigh(cov)
+        values = values.clamp_min(0)
+        scale, rotated = max(float(values.mean()), 1e-12), vectors.T @ m.xy
+        heads = {}
+        for gamma in gammas:
+            weight = vectors @ (rotated / (values + gamma * scale).unsqueeze(1))
+            heads[f"{kind}@{gamma:g}"] = LinearHead(weight, m.mean_y - m.mean_x @ weight)
+        return heads
+    if kind not in ("lda", "lda-public"):
         raise ValueError(f"trainer: unknown linear head {kind!r}")
-    values, vectors = torch.linalg.eigh(cov)
-    scale = max(float(values.clamp_min(0).mean()), 1e-12)
-    rotated = vectors.T @ m.xy
+    prior_c = m.mean_y.clamp_min(1e-12)
+    means = m.xy / (prior_c * mix_scale)  # (d, C): mu_c - overall mean
+    total = _floored((m.xx - noise_var * torch.eye(d, dtype=m.xx.dtype)) / mix_scale)
+    within = _floored(total - (means * prior_c) @ means.T)
+    if kind == "lda-public":
+        if prior is None:
+            raise ValueError("lda-public needs a clean covariance from public data")
+        within = prior.double() * (float(torch.trace(within)) / max(float(torch.trace(prior)), 1e-12))
+    values, vectors = torch.linalg.eigh(within)
+    values = values.clamp_min(0)
+    scale, rotated = max(float(values.mean()), 1e-12), vectors.T @ means
+    # per coordinate, the variance of an estimated mean: the uploads' variance, weighted by the soft labels
+    mean_var = (float(torch.trace(m.xx)) / d) * m.yy / (m.n * prior_c**2) / mix_scale**2
     heads = {}
     for gamma in gammas:
-        weight = vectors @ (rotated / (values.clamp_min(0) + gamma * scale).unsqueeze(1))
-        heads[f"{kind}@{gamma:g}"] = LinearHead(weight, m.mean_y - m.mean_x @ weight)
+        shrunk = (values + gamma * scale) / (1 + gamma)  # shrinkage towards scale * I, keeping the total variance
+        weight = vectors @ (rotated / shrunk.unsqueeze(1))  # S_w^-1 (mu_c - mean)
+        quadratic = (means * weight).sum(0) - mean_var * float((1.0 / shrunk).sum())
+        bias = -0.5 * quadratic + prior_c.log() - m.mean_x @ weight
+        heads[f"{kind}@{gamma:g}"] = LinearHead(weight, bias)
     return heads
+
+
+def _floored(cov: torch.Tensor) -> torch.Tensor:
+    """The nearest positive semi-definite matrix in the eigenbasis (negative eigenvalues set to 0)."""
+    values, vectors = torch.linalg.eigh((cov + cov.T) / 2)
+    return (vectors * values.clamp_min(0.0)) @ vectors.T
 
 
 def public_covariance(public: torch.Tensor) -> torch.Tensor:
@@ -328,7 +361,7 @@ class Fitted:
 
 def needs_public(settings: Settings) -> bool:
     """Whether the chosen trainer family uses the server's public pool (BatchNorm recalibration, a prior)."""
-    return bool({"mlp-recal", "ridge-public"} & set(FAMILIES[settings.trainer]))
+    return bool({"mlp-recal", "lda-public"} & set(FAMILIES[settings.trainer]))
 
 
 def party_summary(accuracy: dict[int, float]) -> dict:
@@ -346,7 +379,7 @@ def candidate_names(settings: Settings) -> list[str]:
     names = []
     for family in FAMILIES[settings.trainer]:
         if family in LINEAR:
-            names += [f"{family}@{gamma:g}" for gamma in settings.ridge_gammas]
+            names += [f"{family}@{gamma:g}" for gamma in settings.head_penalties]
         else:
             names.append(family)
     return names
@@ -378,12 +411,12 @@ def fit(settings: Settings, union: Union, sample_shape: tuple[int, ...], num_cla
     kinds = sorted({name.split("@")[0] for name in names if "@" in name})
     if kinds:
         m = Moments.of(union.x, union.y)
-        prior = public_covariance(public) if "ridge-public" in kinds and public is not None else None
+        prior = public_covariance(public) if "lda-public" in kinds and public is not None else None
         for kind in kinds:
             gammas = tuple(float(name.split("@")[1]) for name in names if name.startswith(kind + "@"))
-            heads = linear_heads(kind, m, gammas, union.noise_var, prior, union.clean_var)
+            heads = linear_heads(kind, m, gammas, union.noise_var, union.mix_scale, prior)
             fitted.models.update(heads)
-            info = {"noise-var": union.noise_var, "clean-var": union.clean_var}
+            info = {"noise-var": union.noise_var, "mix-scale": union.mix_scale}
             fitted.reports.update({name: dict(info) for name in heads})
     return fitted
 
@@ -451,6 +484,7 @@ def train_union(
     *,
     score: Callable[[dict[str, nn.Module], dict[int, np.ndarray]], dict] | None = None,
     public: torch.Tensor | None = None,
+    progress: Progress = SILENT,
     **train_options,
 ) -> Selection:
     """Select a trainer honestly and fit it on the whole union.
@@ -458,7 +492,7 @@ def train_union(
     With several candidates: hold out `validation-fraction` of every party's rows, train the candidates
     on the rest, and `score(models, {party: its held-out upload rows})` returns every party's counts
     (`score_models` on its clean samples); the best is refit on every row. `train_options` reach the
-    final MLP fit (checkpoints, epoch hooks).
+    final MLP fit (checkpoints, epoch hooks). `progress` hears the selection: its epochs, the scores, the choice.
     """
     names = candidate_names(settings)
     validation, held = {}, np.empty(0, dtype=np.int64)
@@ -467,8 +501,13 @@ def train_union(
             raise ValueError(f"trainer {settings.trainer!r} has {len(names)} candidates and nobody to score them")
         held = validation_rows(settings, union.parties)
         keep = np.setdiff1d(np.arange(len(union)), held)
-        fitted = fit(settings, union.subset(keep), sample_shape, num_classes, device, names, public)
-        chosen, validation = select(score(fitted.models, union.local_rows(held)), names)
+        progress.emit("selection-start", candidates=len(names), **{"train-rows": len(keep), "held-out": len(held)})
+        report = progress.epochs(settings.epochs, phase="selection")
+        fitted = fit(settings, union.subset(keep), sample_shape, num_classes, device, names, public,
+                     on_epoch=lambda model, epoch, loss: report(epoch, loss))
+        scores = score(fitted.models, union.local_rows(held))
+        chosen, validation = select(scores, names)
+        progress.emit("selection", chosen=chosen, voters=len(scores), scores=validation)
         del fitted
     else:
         chosen = names[0]

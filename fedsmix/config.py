@@ -21,8 +21,8 @@ STRATEGIES = ("mixup-union", "local-only", "fedavg", "fedprox", "centralized")
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-imagenet")
 ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none")
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
-TRAINERS = ("auto", "mlp", "mlp-recal", "ridge", "ridge-eiv", "ridge-public")
-ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient")
+TRAINERS = ("auto", "mlp", "mlp-recal", "ridge", "ridge-eiv", "lda", "lda-public")
+ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient", "gradient-realistic")
 # fault injection (fedsmix/faults.py): a party raises or stalls, the server's central training is
 # interrupted after an epoch, a party sends one kind of malformed upload (the server's validation
 # rejects it), or a well-formed but dishonest one (issue 21: what plausibility checks, robust training
@@ -55,6 +55,15 @@ def _csv(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _floats(value: Any) -> tuple[float, ...]:
+    """'1e-3,0.1', a list, or one number -> floats."""
+    if isinstance(value, str):
+        values = _csv(value)
+    else:
+        values = tuple(value) if isinstance(value, list | tuple) else (value,)
+    return tuple(float(v) for v in values)
+
+
 def parse_faults(spec: str) -> dict[str, set[int]]:
     """'kind:ids;kind:ids' -> {kind: ids}: known kinds, integer ids (party ids; an epoch for interrupt)."""
     allowed = FAULT_FAILURES + FAULT_CORRUPTIONS + FAULT_DISHONEST
@@ -82,7 +91,9 @@ class Settings(BaseModel):
     strategies: tuple[str, ...] = ("mixup-union", "local-only")
     seed: int = 0
     # data
-    dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    dataset: str = Field("digits", description="a registered data set, or a path to an .npz or an image folder")
+    dataset_mean: tuple[float, ...] = ()  # a path data set's per-channel statistics, when a preset gives them
+    dataset_std: tuple[float, ...] = ()  # (empty: inferred from its training split)
     data_dir: str = ""
     download: bool = False
     partitioner: Literal["iid", "dirichlet", "pathological", "dirichlet-equal", "size-skew"] = "dirichlet"
@@ -122,7 +133,7 @@ class Settings(BaseModel):
     eval_every: int = Field(0, ge=0, description="epochs between test evaluations of the central model; 0 = at the end")
     # issue 14: the central trainer of mixup-union (fedsmix/central.py) and its honest selection
     trainer: Literal[TRAINERS] = "auto"  # type: ignore[valid-type]
-    ridge_gammas: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+    head_penalties: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # gamma of the closed-form heads
     validation_fraction: float = Field(0.1, ge=0, lt=1, description="upload rows per party held out for selection")
     return_model: bool = Field(True, description="send the model back; each party recalibrates it on its own data")
     # federated baselines
@@ -131,6 +142,19 @@ class Settings(BaseModel):
     proximal_mu: float = Field(0.01, ge=0)
     fraction_train: float = Field(1.0, gt=0, le=1)
     client_lr: float = Field(0.05, gt=0)
+    # issue 16: defences in local training (FedAvg/FedProx parties only; docs/defences.md)
+    prune_ratio: float = Field(
+        0.0, ge=0, lt=1, description="fraction of each trainable tensor's round update zeroed (smallest |change|)"
+    )
+    batch_mix: Literal["none", "mixup", "instahide"] = "none"  # each local batch mixed (Intra-InstaHide: + signs)
+    batch_mix_k: int = Field(4, ge=2, description="images mixed into each training input (cap: coefficient-cap)")
+    model_norm: Literal["batch", "group"] = "batch"  # group: Opacus' ModuleValidator.fix (BatchNorm -> GroupNorm)
+    dp_sgd_epsilon: float = Field(0.0, ge=0, description="per-party DP-SGD (Opacus) target epsilon; 0 = off")
+    dp_sgd_max_grad_norm: float = Field(1.0, gt=0, description="DP-SGD per-sample clipping norm")
+    dp_fedavg: Literal["off", "server", "client"] = "off"  # Flower's DP wrapper, fixed clipping on that side
+    dp_noise_multiplier: float = Field(1.0, gt=0, description="DP-FedAvg: noise std / clipping norm")
+    dp_clipping_norm: float = Field(1.0, gt=0, description="DP-FedAvg: bound on each party's update norm")
+    dp_delta: float = Field(1e-5, gt=0, lt=1, description="delta of both DP guarantees (DP-FedAvg, DP-SGD)")
     # issue 21: the server side of FedAvg/FedProx, one of Flower's aggregators (strategies/fedprox.py)
     aggregation: Literal[AGGREGATIONS] = "fedavg"  # type: ignore[valid-type]
     trimmed_beta: float = Field(0.2, ge=0, lt=0.5, description="fedtrimmedavg: fraction cut at each end")
@@ -159,6 +183,9 @@ class Settings(BaseModel):
     public_size: int = Field(0, ge=0, description="attacker's public samples: the first N of Tiny-ImageNet's; 0 = all")
     # outputs and hardware
     runs_dir: str = "runs"
+    progress_interval: float = Field(
+        10.0, ge=0, description="seconds between epoch lines in the progress log (0 = every epoch)"
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @field_validator("strategies", "adversary", mode="before")
@@ -166,16 +193,23 @@ class Settings(BaseModel):
     def _split_csv(cls, value: Any) -> tuple[str, ...]:
         return _csv(value)
 
-    @field_validator("ridge_gammas", mode="before")
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        return value if value in DATASETS else str(dataset_path(value))
+
+    @field_validator("dataset_mean", "dataset_std", mode="before")
+    @classmethod
+    def _split_statistics(cls, value: Any) -> tuple[float, ...]:
+        return _floats(value)
+
+    @field_validator("head_penalties", mode="before")
     @classmethod
     def _split_floats(cls, value: Any) -> tuple[float, ...]:
-        if isinstance(value, str):
-            values = _csv(value)
-        else:
-            values = tuple(value) if isinstance(value, list | tuple) else (value,)
-        if not values or any(float(v) <= 0 for v in values):
+        values = _floats(value)
+        if not values or any(v <= 0 for v in values):
             raise ValueError(f"give one or more penalties > 0, got {value!r}")
-        return tuple(float(v) for v in values)
+        return values
 
     @field_validator("strategies")
     @classmethod
@@ -202,6 +236,29 @@ class Settings(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def _statistics_of_a_path_dataset(self) -> Settings:
+        if not (self.dataset_mean or self.dataset_std):
+            return self
+        if self.dataset in DATASETS:
+            raise ValueError(
+                f"dataset-mean / dataset-std give the statistics of your own data set (a path), not of {self.dataset!r}"
+            )
+        if len(self.dataset_mean) != len(self.dataset_std):
+            raise ValueError("dataset-mean and dataset-std: give both, one value per channel")
+        if any(v <= 0 for v in self.dataset_std):
+            raise ValueError(f"dataset-std: every value must be > 0, got {self.dataset_std}")
+        return self
+
+    @model_validator(mode="after")
+    def _dp_fedavg_averages(self) -> Settings:
+        if self.dp_fedavg != "off" and self.aggregation != "fedavg":
+            raise ValueError(
+                f"aggregation {self.aggregation!r} with dp-fedavg {self.dp_fedavg!r}: DP-FedAvg's noise and accountant "
+                "assume the clipped updates are averaged; use aggregation 'fedavg'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _poor_party_only_under_size_skew(self) -> Settings:
         if self.partitioner != "size-skew" and (self.poor_party_ratio != 1.0 or self.poor_party != 0):
             raise ValueError(
@@ -213,11 +270,11 @@ class Settings(BaseModel):
     def _radius_given_when_fixed(self) -> Settings:
         if self.radius_mode == "fixed" and self.radius <= 0 and self.encoder == "singularized":
             raise ValueError("radius-mode 'fixed' needs radius > 0")
-        linear = self.trainer.startswith("ridge")
-        if self.validation_fraction == 0 and (self.trainer == "auto" or (linear and len(self.ridge_gammas) > 1)):
+        linear = self.trainer.startswith(("ridge", "lda"))
+        if self.validation_fraction == 0 and (self.trainer == "auto" or (linear and len(self.head_penalties) > 1)):
             raise ValueError(
-                f"validation-fraction 0 leaves nothing to choose trainer {self.trainer!r} (and ridge-gammas) with; "
-                "set validation-fraction > 0, or one trainer with one ridge-gammas value"
+                f"validation-fraction 0 leaves nothing to choose trainer {self.trainer!r} (and head-penalties) with; "
+                "set validation-fraction > 0, or one trainer with one head-penalties value"
             )
         if self.radius_mode == "pixel-mapped" and self.backbone == "none":
             raise ValueError("radius-mode 'pixel-mapped' needs a backbone (mixing in feature space)")
@@ -225,6 +282,20 @@ class Settings(BaseModel):
             raise ValueError(
                 f"coefficient-cap {self.coefficient_cap} x mix-k {self.mix_k} < 1: the weights cannot sum to 1"
             )
+        if self.batch_mix != "none" and self.coefficient_cap * self.batch_mix_k < 1:
+            raise ValueError(
+                f"coefficient-cap {self.coefficient_cap} x batch-mix-k {self.batch_mix_k} < 1: "
+                "the weights cannot sum to 1"
+            )
+        if self.dp_sgd_epsilon > 0 and self.model_norm != "group":
+            raise ValueError("dp-sgd-epsilon > 0 needs model-norm 'group': Opacus refuses BatchNorm (per-sample "
+                             "gradients do not exist when a batch's statistics mix its samples)")
+        if self.dp_sgd_epsilon > 0 and self.proximal_mu > 0 and "fedprox" in self.strategies:
+            raise ValueError("dp-sgd-epsilon > 0 with fedprox: Opacus clips per-sample gradients of the loss and "
+                             "would drop the proximal term's gradient; use fedavg (proximal-mu 0)")
+        if self.dp_fedavg != "off" and self.model_norm != "group":
+            raise ValueError("dp-fedavg needs model-norm 'group': BatchNorm's running statistics (and its integer "
+                             "batch counter) would be clipped and noised as if they were weights")
         if self.encoder == "instahide-cross":
             if self.mix_k < 3:
                 raise ValueError(
@@ -275,6 +346,33 @@ def _validate(data: Mapping[str, Any], source: str) -> Settings:
             key = ".".join(str(p) for p in e["loc"]) or "settings"
             problems.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
         raise SettingsError(f"{source}: " + "; ".join(problems)) from None
+
+
+def dataset_path(value: str) -> Path:
+    """A data set given as a path: an .npz archive or an ImageFolder (train/ and test/ sub-folders).
+
+    Relative paths are tried against the working directory, then the project (where presets live); the
+    absolute path is kept, so every process of a run reads the same file. Only the layout is checked
+    here; the contents are checked when the data set is first loaded (fedsmix/data.py)."""
+    given = Path(value).expanduser()
+    tried = [given] if given.is_absolute() else [Path.cwd() / given, PROJECT_ROOT / given]
+    path = next((p for p in tried if p.exists()), None)
+    if path is None:
+        raise ValueError(
+            f"{value!r} is neither a registered data set ({', '.join(DATASETS)}) nor an existing path "
+            f"(tried {', '.join(str(p) for p in tried)}); give an .npz file or an image folder with train/ and test/"
+        )
+    path = path.resolve()
+    if path.is_file() and path.suffix.lower() != ".npz":
+        raise ValueError(f"{path}: a data set file must be an .npz archive (x_train, y_train, x_test, y_test; or x, y)")
+    if path.is_dir():
+        missing = [sub for sub in ("train", "test") if not (path / sub).is_dir()]
+        if missing:
+            raise ValueError(
+                f"{path}: an image folder needs sub-folders train/ and test/, each with one folder per class "
+                f"(train/<class>/<image>); missing {', '.join(m + '/' for m in missing)}"
+            )
+    return path
 
 
 def resolve_preset(preset: str) -> Path:

@@ -242,7 +242,7 @@ def cache_dir(settings: Settings) -> Path:
 def cache_key(settings: Settings, split: str) -> str:
     """What decides the features: data set, split, backbone, input size and the weights' bytes."""
     digest = weights_digest(weights_file(settings))[:12]
-    return f"{settings.dataset}-{split}-{settings.backbone}-{input_size(settings)}px-{digest}"
+    return f"{datalib.dataset_key(settings)}-{split}-{settings.backbone}-{input_size(settings)}px-{digest}"
 
 
 def cache_path(settings: Settings, split: str) -> Path:
@@ -253,7 +253,7 @@ def extract_split(settings: Settings, split: str, out: np.ndarray, progress: boo
     """Fill `out` (rows x dim, e.g. a memory-mapped file) with the features of one whole split."""
     from tqdm.auto import tqdm
 
-    raw = datalib.load_split(settings.dataset, split, settings.data_dir, settings.download)
+    raw = datalib.load_dataset(settings, split)
     extract = extractor_for(settings)
     step = 1024
     with tqdm(
@@ -283,7 +283,7 @@ def ensure_features(settings: Settings, split: str, progress: bool = True) -> Pa
     with FileLock(str(path.with_suffix(".lock"))):
         if path.is_file():  # another process finished while we waited
             return path
-        raw = datalib.load_split(settings.dataset, split, settings.data_dir, settings.download)
+        raw = datalib.load_dataset(settings, split)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
         t0 = time.perf_counter()
         try:
@@ -324,7 +324,7 @@ def cached_features(settings: Settings, split: str) -> np.ndarray:
     """The memory-mapped (rows, dim) float32 array of a split; extracted first if needed."""
     path = ensure_features(settings, split)
     array = _mapped(str(path), path.stat().st_mtime_ns)
-    rows = len(datalib.load_split(settings.dataset, split, settings.data_dir, settings.download))
+    rows = len(datalib.load_dataset(settings, split))
     if array.shape != (rows, feature_dim(settings)):
         raise ValueError(
             f"feature cache {path}: shape {array.shape} does not match {settings.dataset}/{split} "
@@ -366,7 +366,7 @@ def party_pixels(
     settings: Settings, rows: np.ndarray, split: str = "train"
 ) -> tuple[torch.Tensor, datalib.DatasetSpec]:
     """A party's own images, normalised as in pixel space (where D_pixels is measured)."""
-    raw = datalib.load_split(settings.dataset, split, settings.data_dir, settings.download)
+    raw = datalib.load_dataset(settings, split)
     return datalib.normalize(datalib.to_unit(raw.images[rows], raw.spec), raw.spec), raw.spec
 
 

@@ -69,9 +69,21 @@ def build_classifier(kind: str, sample_shape: tuple[int, ...], num_classes: int)
 
 
 def new_classifier(settings: Settings, sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The run's classifier; the same initial weights for every strategy and party (seeded)."""
+    """The run's classifier; the same initial weights for every strategy and party (seeded).
+
+    model-norm 'group' swaps every BatchNorm for GroupNorm through Opacus' ModuleValidator.fix
+    (min(32, channels) groups; no running statistics), which DP-SGD and DP-FedAvg need; its ReLUs
+    stop working in place (Opacus' backward hooks forbid editing their outputs in place)."""
     torch.manual_seed(settings.seed)
-    return build_classifier(settings.model, sample_shape, num_classes)
+    model = build_classifier(settings.model, sample_shape, num_classes)
+    if settings.model_norm == "group":
+        from opacus.validators import ModuleValidator
+
+        model = ModuleValidator.fix(model)
+        for module in model.modules():
+            if isinstance(module, nn.ReLU):
+                module.inplace = False
+    return model
 
 
 class DoubleConv(nn.Sequential):

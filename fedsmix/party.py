@@ -34,7 +34,15 @@ from .models import new_classifier
 from .partition import partition_indices
 from .seeding import generator
 from .space import load_public_pool, to_space, train_subset_rows
-from .training import TrainReport, train, train_config
+from .training import (
+    StepTrace,
+    TrainReport,
+    dp_sgd_epsilon,
+    dp_sgd_noise_multiplier,
+    prune_update,
+    train,
+    train_config,
+)
 
 
 @dataclass
@@ -64,7 +72,7 @@ class Partition:
 
 
 def load_partition(settings: Settings, party: int, num_parties: int) -> Partition:
-    raw = datalib.load_split(settings.dataset, "train", settings.data_dir, settings.download)
+    raw = datalib.load_dataset(settings, "train")
     subset = train_subset_rows(settings, len(raw))
     rows = partition_indices(
         raw.labels if subset is None else raw.labels[subset],
@@ -256,15 +264,28 @@ def train_local(
     server_round: int = 0,
     proximal_mu: float = 0.0,
     device: str = "cpu",
+    rows: torch.Tensor | None = None,
+    trace: StepTrace | None = None,
+    dp_noise_multiplier: float | None = None,
+    on_epoch=None,
 ) -> LocalResult:
     """Local-only training (`mode="local-only"`: the central recipe, alone) or one FedAvg/FedProx
-    round (`"federated"`: `local-epochs` of SGD from the global weights, plus (mu/2)||w - w_global||^2)."""
+    round (`"federated"`: `local-epochs` of SGD from the global weights, plus (mu/2)||w - w_global||^2).
+
+    A federated round carries the run's defences (issue 16): each batch mixed (`batch-mix`), DP-SGD
+    (`dp-sgd-epsilon`) and, last, the round's update pruned (`prune-ratio`). `rows` replays a round on
+    those samples only (the attack's victims; mixing partners still come from the whole partition), with
+    `dp_noise_multiplier` the party's own DP-SGD noise level (`party_dp_sgd_noise`) rather than one solved
+    for a set of len(rows) samples; `trace` records each step for the simulation's oracle;
+    `on_epoch(epoch, loss)` hears each epoch (the party's progress line).
+    """
     model = new_classifier(settings, part.sample_shape, part.num_classes)
     model.load_state_dict(global_state)
     if mode == "local-only":
         cfg, purpose, reference = train_config(settings, device), ("local-only", part.party), None
     elif mode == "federated":
-        cfg = train_config(settings, device, federated_client=True, proximal_mu=proximal_mu)
+        cfg = train_config(settings, device, federated_client=True, proximal_mu=proximal_mu,
+                           dp_noise_multiplier=dp_noise_multiplier)
         purpose = ("federated", part.party, server_round)
         reference = [p.detach().clone() for p in model.parameters()]  # the global weights, before training
     else:
@@ -273,7 +294,26 @@ def train_local(
     if mode == "federated" and listed(settings.fault, part.party, ("label-flip",)):  # fault: permuted classes
         targets = flip_classes(targets, generator(settings.seed, part.party, "fault"))
     torch.manual_seed(settings.seed + part.party)
-    report = train(model, part.x, targets, cfg, generator(settings.seed, *purpose), proximal_reference=reference)
-    if mode == "federated" and (kind := listed(settings.fault, part.party, UPDATE_FAULTS)):
+    report = train(model, part.x, targets, cfg, generator(settings.seed, *purpose), proximal_reference=reference,
+                   rows=rows, trace=trace, on_epoch=on_epoch)
+    if mode == "federated" and settings.prune_ratio > 0:
+        prune_update(model, reference, settings.prune_ratio)
+    if mode == "federated" and (kind := listed(settings.fault, part.party, UPDATE_FAULTS)):  # last: what it sends
         model.load_state_dict(falsify_update(kind, model.state_dict(), global_state, settings.fault_scale))
-    return LocalResult(model, report, len(part.labels))
+    return LocalResult(model, report, len(part.labels) if rows is None else len(rows))
+
+
+def party_dp_sgd_noise(settings: Settings, part: Partition) -> float | None:
+    """The DP-SGD noise multiplier Opacus picks for this party's whole partition (None without DP-SGD)."""
+    if settings.dp_sgd_epsilon <= 0:
+        return None
+    return dp_sgd_noise_multiplier(train_config(settings, "cpu", federated_client=True), len(part.labels))
+
+
+def dp_sgd_spent(settings: Settings, report: TrainReport, server_round: int) -> float | None:
+    """DP-SGD epsilon this party has spent after `server_round` rounds (it trained in each; an upper bound
+    where fraction-train < 1), from the sigma and sampling rate Opacus used and the steps per round."""
+    if report.dp_noise_multiplier is None:
+        return None
+    steps = round(settings.local_epochs / report.dp_sample_rate) * max(server_round, 1)
+    return dp_sgd_epsilon(report.dp_noise_multiplier, report.dp_sample_rate, steps, settings.dp_delta)

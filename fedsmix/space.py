@@ -27,7 +27,7 @@ def to_space(settings: Settings, raw: datalib.RawSplit, split: str, rows: np.nda
 def mixing_shape(settings: Settings) -> tuple[int, ...]:
     """Shape of one sample where mixing happens: pixels (C, H, W) or a feature vector."""
     if settings.backbone == "none":
-        return datalib.spec(settings.dataset).sample_shape
+        return datalib.dataset_spec(settings).sample_shape
     from .features import feature_dim
 
     return (feature_dim(settings),)
@@ -42,7 +42,7 @@ def train_subset_rows(settings: Settings, n: int) -> np.ndarray | None:
 
 def load_test(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     """The server's clean test split (parties never see it); optionally a fixed subset."""
-    raw = datalib.load_split(settings.dataset, "test", settings.data_dir, settings.download)
+    raw = datalib.load_dataset(settings, "test")
     rows = None
     if settings.test_subset and settings.test_subset < len(raw):
         rows = np.sort(np.random.RandomState(settings.seed).permutation(len(raw))[: settings.test_subset])
@@ -53,7 +53,7 @@ def load_test(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
 
 def load_train_all(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole training split in mixing space: only for the non-private reference."""
-    raw = datalib.load_split(settings.dataset, "train", settings.data_dir, settings.download)
+    raw = datalib.load_dataset(settings, "train")
     rows = train_subset_rows(settings, len(raw))
     labels = raw.labels if rows is None else raw.labels[rows]
     return to_space(settings, raw, "train", rows), torch.from_numpy(labels.astype(np.int64))
@@ -79,5 +79,5 @@ def public_in_space(settings: Settings, spec: datalib.DatasetSpec | None = None)
         from .features import public_features
 
         return public_features(settings, settings.public_size)
-    pool = load_public_pool(settings, spec or datalib.spec(settings.dataset))
+    pool = load_public_pool(settings, spec or datalib.dataset_spec(settings))
     return pool[: settings.public_size] if settings.public_size else pool

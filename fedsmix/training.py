@@ -3,11 +3,17 @@
 Inputs may be tensors or numpy arrays (memory-mapped uploads); batches are copied to the
 device one at a time. Checkpoints capture model, optimiser, schedule and every RNG, so a
 resumed run ends bit-identical to an uninterrupted one on the CPU.
+
+A federated party's defences (issue 16, docs/defences.md) live here too: each local batch mixed
+by the encoders' own MixUp or inside-dataset InstaHide (`batch-mix`), and DP-SGD through Opacus
+(`dp-sgd-epsilon`: per-sample clipping and Gaussian noise, Poisson-sampled batches). Pruning acts
+on the round's update, after training (`prune_update`, called by fedsmix.party.train_local).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from collections.abc import Callable
@@ -19,6 +25,7 @@ import torch
 from torch import nn
 
 from .config import Settings
+from .encoders import Encoded, instahide, mixup
 
 
 @dataclass(frozen=True)
@@ -31,14 +38,29 @@ class TrainConfig:
     cosine: bool = True
     proximal_mu: float = 0.0
     device: str = "cpu"
-    trim: float = 0.0  # robust loss: drop this fraction of each batch's largest per-sample losses
+    # defences of a federated party's local training (issue 16)
+    batch_mix: str = "none"  # none | mixup | instahide: every local batch mixed with partners from the whole set
+    batch_mix_k: int = 4
+    mix_cap: float = 0.65
+    dp_sgd_epsilon: float = 0.0  # > 0: Opacus make_private_with_epsilon for this target
+    dp_delta: float = 1e-5
+    dp_max_grad_norm: float = 1.0
+    dp_epochs: int = 1  # epochs the DP-SGD budget covers (rounds x local epochs: every round spends its share)
+    dp_noise_multiplier: float | None = None  # a replay of one step: the party's own sigma instead of solving
+    trim: float = 0.0  # robust loss (issue 21): drop this fraction of each batch's largest per-sample losses
 
 
 def train_config(
-    settings: Settings, device: str, *, federated_client: bool = False, proximal_mu: float = 0.0
+    settings: Settings,
+    device: str,
+    *,
+    federated_client: bool = False,
+    proximal_mu: float = 0.0,
+    dp_noise_multiplier: float | None = None,
 ) -> TrainConfig:
     """Central and local-only training follow appendix E (AdamW, cosine); FedAvg/FedProx
-    clients run `local-epochs` of SGD with momentum per round, as in the FedProx paper."""
+    clients run `local-epochs` of SGD with momentum per round, as in the FedProx paper, with the
+    run's defences."""
     if federated_client:
         return TrainConfig(
             epochs=settings.local_epochs,
@@ -49,6 +71,14 @@ def train_config(
             cosine=False,
             proximal_mu=proximal_mu,
             device=device,
+            batch_mix=settings.batch_mix,
+            batch_mix_k=settings.batch_mix_k,
+            mix_cap=settings.coefficient_cap,
+            dp_sgd_epsilon=settings.dp_sgd_epsilon,
+            dp_delta=settings.dp_delta,
+            dp_max_grad_norm=settings.dp_sgd_max_grad_norm,
+            dp_epochs=settings.rounds * settings.local_epochs,
+            dp_noise_multiplier=dp_noise_multiplier,
         )
     return TrainConfig(settings.epochs, settings.batch_size, settings.lr, settings.weight_decay, device=device)
 
@@ -59,6 +89,124 @@ class TrainReport:
     resumed_from: int = 0
     seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
+    steps: int = 0
+    dp_noise_multiplier: float | None = None  # DP-SGD: the sigma Opacus used
+    dp_sample_rate: float | None = None  # DP-SGD: Poisson sampling rate (batch-size / rows)
+
+
+@dataclass
+class StepTrace:
+    """The oracle's record of a party's local steps (simulation only, never sent): the rows of each
+    batch, the batch defence's mixing (weights, sources, sign masks), what went into the model and the
+    BatchNorm statistics of that input at every BatchNorm layer (what BN_exact hands the attacker)."""
+
+    rows: list[torch.Tensor] = field(default_factory=list)
+    mixes: list[Encoded | None] = field(default_factory=list)
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    targets: list[torch.Tensor] = field(default_factory=list)
+    bn_stats: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
+    dropout_masks: list[list[torch.Tensor]] = field(default_factory=list)
+
+    def watch(self, model: nn.Module) -> list:
+        """Forward hooks recording, per step, each BatchNorm input's batch mean and (biased) variance and each
+        dropout layer's keep mask (an input that was 0 counts as kept: it contributes nothing either way)."""
+
+        def norm_hook(module, inputs, _output):
+            x = inputs[0].detach().float()
+            dims = [0] + list(range(2, x.dim()))
+            self.bn_stats[-1].append((x.mean(dim=dims).cpu(), x.var(dim=dims, unbiased=False).cpu()))
+
+        def dropout_hook(module, inputs, output):
+            self.dropout_masks[-1].append(((output != 0) | (inputs[0] == 0)).detach().cpu())
+
+        hooks = []
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                hooks.append(m.register_forward_hook(norm_hook))
+            elif isinstance(m, nn.Dropout | nn.Dropout1d | nn.Dropout2d):
+                hooks.append(m.register_forward_hook(dropout_hook))
+        return hooks
+
+    def step(self, rows: torch.Tensor, mix: Encoded | None, xb: torch.Tensor, yb: torch.Tensor) -> None:
+        self.rows.append(rows.clone())
+        self.mixes.append(mix)
+        self.inputs.append(xb.detach().cpu())
+        self.targets.append(yb.detach().cpu())
+        self.bn_stats.append([])
+        self.dropout_masks.append([])
+
+
+def mix_batch(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor,
+              generator: torch.Generator) -> Encoded:
+    """The batch defence: rows `index` of x, each mixed with batch-mix-k - 1 partners from all of x (coefficients
+    uniform, normalised, capped at coefficient-cap), by the encoders' own MixUp or inside-dataset InstaHide
+    (which also flips every pixel's sign with a fresh mask). Soft labels mix alike."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError("batch-mix needs the party's samples in memory (a tensor)")
+    if cfg.batch_mix == "mixup":
+        return mixup(x, y, cfg.batch_mix_k, cfg.mix_cap, generator, rows=index)
+    if cfg.batch_mix == "instahide":
+        return instahide(x, y, cfg.batch_mix_k, cfg.mix_cap, generator, rows=index)
+    raise ValueError(f"batch-mix: unknown {cfg.batch_mix!r}; allowed: none, mixup, instahide")
+
+
+@torch.no_grad()
+def prune_update(model: nn.Module, reference: list[torch.Tensor], ratio: float) -> None:
+    """Gradient pruning of the round's update: in every trainable tensor, the floor(ratio * size) entries whose
+    change w - w_global is smallest in magnitude are reset to the global value, so the update the server sees
+    has exactly that fraction of zeros per tensor (ties broken by position)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p, ref in zip(params, reference):
+        flat, ref = p.view(-1), ref.to(p.device).reshape(-1)
+        drop = int(ratio * flat.numel())
+        if drop:
+            smallest = torch.topk((flat - ref).abs(), drop, largest=False, sorted=False).indices
+            flat[smallest] = ref[smallest]
+
+
+def dp_sgd_sample_rate(rows: int, batch_size: int) -> float:
+    """Opacus' Poisson rate: 1 / len(data loader)."""
+    return 1.0 / math.ceil(rows / batch_size)
+
+
+def dp_sgd_noise_multiplier(cfg: TrainConfig, rows: int) -> float:
+    """The sigma make_private_with_epsilon picks for a party of `rows` samples (RDP accountant)."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    return get_noise_multiplier(target_epsilon=cfg.dp_sgd_epsilon, target_delta=cfg.dp_delta,
+                                sample_rate=dp_sgd_sample_rate(rows, cfg.batch_size), epochs=cfg.dp_epochs,
+                                accountant="rdp")
+
+
+def dp_sgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
+    """Epsilon spent after `steps` DP-SGD steps (Opacus' RDP accountant)."""
+    from opacus.accountants import RDPAccountant
+
+    accountant = RDPAccountant()
+    accountant.history = [(noise_multiplier, sample_rate, steps)]
+    return float(accountant.get_epsilon(delta))
+
+
+def _private(model: nn.Module, optimizer, cfg: TrainConfig, rows: torch.Tensor, generator: torch.Generator):
+    """Opacus' PrivacyEngine around the model and optimiser; its data loader yields Poisson batches of row
+    indices (so the batch defence and the trace see rows, as without DP)."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    if cfg.proximal_mu > 0:
+        raise ValueError("dp-sgd-epsilon > 0 with proximal-mu > 0: Opacus would drop the proximal gradient")
+    loader = DataLoader(TensorDataset(rows), batch_size=cfg.batch_size, generator=generator)
+    noise = torch.Generator(device=cfg.device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    engine = PrivacyEngine(accountant="rdp")
+    common = dict(module=model, optimizer=optimizer, data_loader=loader, max_grad_norm=cfg.dp_max_grad_norm,
+                  noise_generator=noise, poisson_sampling=True)
+    if cfg.dp_noise_multiplier is None:
+        private, optimizer, loader = engine.make_private_with_epsilon(
+            target_epsilon=cfg.dp_sgd_epsilon, target_delta=cfg.dp_delta, epochs=cfg.dp_epochs, **common
+        )
+    else:
+        private, optimizer, loader = engine.make_private(noise_multiplier=cfg.dp_noise_multiplier, **common)
+    return private, optimizer, loader
 
 
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, trim: float = 0.0) -> torch.Tensor:
@@ -118,14 +266,19 @@ def train(
     checkpoint_every: int = 0,
     on_epoch: Callable[[int, float], None] | None = None,
     checkpoint_key: str = "",
+    rows: torch.Tensor | None = None,
+    trace: StepTrace | None = None,
 ) -> TrainReport:
     """Minimise soft cross-entropy (+ mu/2 * proximal term) with AdamW/SGD and a cosine schedule.
 
-    `checkpoint_key` names the training data; a checkpoint with another key is refused.
+    `checkpoint_key` names the training data; a checkpoint with another key is refused. `rows` restricts
+    the epochs to those samples (a replayed batch); batch-mix partners still come from all of x. `trace`
+    records every step for the simulation's oracle.
     """
     device = cfg.device
     model.to(device)
-    n = len(y)
+    rows = torch.arange(len(y)) if rows is None else torch.as_tensor(rows)
+    n = len(rows)
     if n == 0:
         raise ValueError("cannot train on 0 samples")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -164,19 +317,37 @@ def train(
         report.losses = state["losses"]
     y_dev = y if isinstance(y, torch.Tensor) else torch.from_numpy(np.asarray(y))
     t0 = time.perf_counter()
-    use_amp = str(device).startswith("cuda")
+    private = loader = None
+    if cfg.dp_sgd_epsilon > 0:
+        private, optimizer, loader = _private(model, optimizer, cfg, rows, generator)
+        report.dp_noise_multiplier = float(optimizer.noise_multiplier)
+        report.dp_sample_rate = dp_sgd_sample_rate(n, cfg.batch_size)
+    forward = private if private is not None else model
+    use_amp = str(device).startswith("cuda") and private is None  # Opacus' per-sample hooks run in float32
+    hooks = trace.watch(model) if trace is not None else []
     for epoch in range(start_epoch, cfg.epochs):
         model.train()
-        order = torch.randperm(n, generator=generator)
+        if loader is not None:  # Poisson batches of row indices (some may be empty: no step then)
+            batches = (batch[0] for batch in loader)
+        else:
+            order = rows[torch.randperm(n, generator=generator)]
+            batches = (order[start : start + cfg.batch_size] for start in range(0, n, cfg.batch_size))
         total = 0.0
-        for start in range(0, n, cfg.batch_size):
-            index = order[start : start + cfg.batch_size]
-            if len(index) < 2 and any(isinstance(m, nn.BatchNorm1d) for m in model.modules()):
+        for index in batches:
+            if len(index) == 0 or (
+                len(index) < 2 and any(isinstance(m, nn.BatchNorm1d) for m in model.modules())
+            ):
                 continue  # BatchNorm1d cannot train on a single sample (BatchNorm2d still has H x W values)
-            xb = _rows(x, index, device)
-            yb = y_dev[index].to(device, dtype=torch.float32)
+            mix = mix_batch(cfg, x, y_dev, index, generator) if cfg.batch_mix != "none" else None
+            if mix is None:
+                xb = _rows(x, index, device)
+                yb = y_dev[index].to(device, dtype=torch.float32)
+            else:
+                xb, yb = mix.x.to(device), mix.y.to(device, dtype=torch.float32)
+            if trace is not None:
+                trace.step(index, mix, xb, yb)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
-                logits = model(xb)
+                logits = forward(xb)
             loss = soft_cross_entropy(logits.float(), yb, cfg.trim)
             if reference is not None:
                 loss = loss + 0.5 * cfg.proximal_mu * proximal_term(model, reference)
@@ -185,6 +356,7 @@ def train(
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
+            report.steps += 1
             total += loss.item() * len(index)
         report.losses.append(total / n)
         report.epochs_run += 1
@@ -204,6 +376,10 @@ def train(
             )
         if on_epoch is not None:
             on_epoch(epoch + 1, total / n)
+    for hook in hooks:
+        hook.remove()
+    if private is not None:
+        private._close()  # the model keeps its trained weights, without Opacus' hooks and per-sample grads
     report.seconds = time.perf_counter() - t0
     return report
 

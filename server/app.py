@@ -10,7 +10,10 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedsmix.config import Settings, dump_settings, settings_from_flower
+from fedsmix.data import describe_dataset
 from fedsmix.device import select_device
+from fedsmix.progress import FILE as PROGRESS_FILE
+from fedsmix.progress import Progress
 from fedsmix.runs import new_run_dir
 from server import results as results_io
 from server import resume
@@ -24,6 +27,7 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
     With `resume`, the interrupted run's directory is reused and finished strategies are kept.
     """
     done: set[str] = set()
+    dataset = describe_dataset(settings)  # a path data set is read and checked here, before anything is written
     if settings.resume:
         run_dir, results, done = resume.reopen(settings)
     else:
@@ -35,9 +39,12 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "strategies": {},
         }
+    progress = Progress(run_dir / PROGRESS_FILE, interval=settings.progress_interval)
     ctx = RunContext(
-        settings=settings, grid=grid, run_dir=run_dir, device=select_device(settings.device), run_id=run_id
+        settings=settings, grid=grid, run_dir=run_dir, device=select_device(settings.device), run_id=run_id,
+        progress=progress,
     )
+    results["dataset"] = dataset
     results["device"] = ctx.device
     results["torch-threads"] = torch.get_num_threads()  # the central trainer's CPU threads
     print(
@@ -46,31 +53,45 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
     )
     failures = []
     pending = [name for name in settings.strategies if name not in done]
+    progress.emit("run-start", **{"run-dir": str(run_dir), "strategies": pending, "dataset": settings.dataset,
+                                  "parties": len(list(grid.get_node_ids())) or None})
+    progress.emit("dataset", **dataset)
     try:
         if any(name != "centralized" for name in pending):
-            ctx.introduce()
+            with progress.watch():
+                ctx.introduce()
     except RunAborted as err:  # too few nodes connected: every strategy would fail the same way
         for name in pending:
             results["strategies"][name] = {"error": str(err)}
         failures, pending = [str(err)], []
     record_parties(results, ctx)
-    for name in pending:
+    for index, name in enumerate(pending, start=1):
         ctx.reset_traffic()
+        ctx.progress, started = progress.bind(strategy=name), time.perf_counter()
+        ctx.progress.emit("strategy-start", index=index, total=len(pending))
         try:
-            results["strategies"][name] = REGISTRY[name](ctx)
-            if name == "mixup-union" and settings.adversary:
-                results["strategies"][name]["adversary"] = attack_run(ctx, results["strategies"][name])
+            with ctx.progress.watch():
+                results["strategies"][name] = REGISTRY[name](ctx)
+                if name == "mixup-union" and settings.adversary:
+                    results["strategies"][name]["adversary"] = attack_run(ctx, results["strategies"][name])
+            ctx.progress.emit("strategy-end", accuracy=results["strategies"][name].get("accuracy"),
+                              seconds=round(time.perf_counter() - started, 3))
         except RunAborted as err:
             results["strategies"][name] = {"error": str(err), **err.details}  # who dropped out, and why
             failures.append(f"{name}: {err}")
         except Exception as err:  # keep the other strategies' results, then fail the run
             results["strategies"][name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
             failures.append(f"{name}: {type(err).__name__}: {err}")
+        if "error" in results["strategies"][name]:
+            ctx.progress.emit("strategy-failed", error=results["strategies"][name]["error"],
+                              seconds=round(time.perf_counter() - started, 3))
+        ctx.progress = progress
         name_parties(results, ctx.learn_parties())
         record_parties(results, ctx)
         results_io.write(run_dir, results)  # after every strategy: nothing finished is lost
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results_io.write(run_dir, results)
+    progress.emit("run-end", failures=failures)
     results_io.render(results)
     if failures:
         raise RunAborted("; ".join(failures) + f" (partial results in {run_dir / 'results.json'})")
@@ -91,6 +112,11 @@ def record_parties(results: dict, ctx: RunContext) -> None:
     """Connected nodes (SuperNodes may register late: the most seen) and the node -> party map so far."""
     results["num-parties"] = max(results.get("num-parties", 0), len(list(ctx.grid.get_node_ids())))
     results["node-party"] = {str(node): party for node, party in sorted(ctx.node_party.items())}
+    if ctx.node_ray:  # the ClientApps ran under Ray: which Ray node each party ran on
+        results["party-ray-node"] = {
+            str(party): ctx.node_ray[node]
+            for node, party in sorted(ctx.node_party.items(), key=lambda kv: kv[1]) if node in ctx.node_ray
+        }
 
 
 def name_parties(results: dict, node_party: dict[int, int]) -> None:

@@ -12,6 +12,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsmix.config import Settings
+from fedsmix.progress import SILENT, Progress
 from fedsmix.space import load_test
 from server.traffic import CountingGrid
 
@@ -42,6 +43,8 @@ class RunContext:
     run_id: int = 0
     traffic: Traffic = field(default_factory=Traffic)
     node_party: dict[int, int] = field(default_factory=dict)  # learnt from replies, for reports
+    node_ray: dict[int, str] = field(default_factory=dict)  # node -> Ray node id, when its ClientApp runs under Ray
+    progress: Progress = SILENT  # the run's progress log, bound to the running strategy
     _test: tuple | None = None
     _hello: set[str] = field(default_factory=set)  # hello messages not answered yet
 
@@ -82,11 +85,18 @@ class RunContext:
     def learn_parties(self, wait: float = 0.0) -> dict[int, int]:
         """Record node -> party from the hello replies that arrived, waiting up to `wait` s for the rest."""
         deadline = time.monotonic() + wait
+        reported, expected = len(self.node_party), len(self.node_party) + len(self._hello)
         while self._hello:
             for reply in self.grid.pull_messages(self._hello):
                 self._hello.discard(reply.metadata.reply_to_message_id)
                 if not reply.has_error() and "metrics" in reply.content:
                     self.node_party[reply.metadata.src_node_id] = int(reply.content["metrics"]["party"])
+                    where = reply.content.get("node")
+                    if where is not None and "ray-node-id" in where:
+                        self.node_ray[reply.metadata.src_node_id] = str(where["ray-node-id"])
+            if len(self.node_party) != reported:
+                reported = len(self.node_party)
+                self.progress.emit("parties", answered=reported, of=expected)
             if not self._hello or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)

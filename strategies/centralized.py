@@ -11,17 +11,21 @@ from fedsmix import data as datalib
 from fedsmix.central import test_accuracy, train_classifier
 from fedsmix.space import load_train_all, mixing_shape
 from server.context import RunContext
+from strategies.common import epoch_hook
 
 
 def run(ctx: RunContext) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     x, labels = load_train_all(s)
-    num_classes = datalib.spec(s.dataset).num_classes
+    num_classes = datalib.dataset_spec(s).num_classes
+    curve: list[dict] = []
     model, report = train_classifier(
-        s, x, datalib.one_hot(labels, num_classes), mixing_shape(s), num_classes, ctx.device, purpose="centralized"
+        s, x, datalib.one_hot(labels, num_classes), mixing_shape(s), num_classes, ctx.device, purpose="centralized",
+        on_epoch=epoch_hook(ctx, t0, curve),
     )
     metrics = test_accuracy(model, ctx.test_set(), ctx.device)
     return {
+        **({"curve": curve} if curve else {}),
         "accuracy": metrics["accuracy"],
         "test-loss": metrics["loss"],
         "train-size": len(labels),

@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+import torch
 from flwr.app import ConfigRecord, Message
 
+from fedsmix.central import test_accuracy
 from server.context import RunAborted, RunContext
 
 
 def settings_config(ctx: RunContext, **extra) -> ConfigRecord:
     return ConfigRecord({"settings": ctx.settings.to_json(), **extra})
+
+
+def epoch_hook(
+    ctx: RunContext, t0: float, curve: list[dict], phase: str = "central training",
+    then: Callable[[int, float], None] | None = None, test: tuple | None = None,
+):
+    """After each central epoch: test accuracy every `eval-every` epochs (a time-to-accuracy curve; on `test`,
+    default the run's test split), the progress line (loss, elapsed, ETA, that accuracy), then `then(epoch,
+    loss)` (fault injection)."""
+    every = ctx.settings.eval_every
+    report = ctx.progress.epochs(ctx.settings.epochs, phase=phase)
+
+    def on_epoch(model: torch.nn.Module, epoch: int, loss: float) -> None:
+        accuracy = None
+        if every and epoch % every == 0:
+            accuracy = test_accuracy(model, test or ctx.test_set(), ctx.device)["accuracy"]
+            curve.append({"epoch": epoch, "accuracy": accuracy, "seconds": time.perf_counter() - t0})
+        report(epoch, loss, accuracy)
+        if then is not None:
+            then(epoch, loss)
+
+    return on_epoch
 
 
 def split_replies(
@@ -26,6 +51,7 @@ def split_replies(
         answered.add(node)
         if reply.has_error():
             dropped.append(dropped_record(ctx, node, reply.error.reason))
+            ctx.progress.emit("dropped", **dropped[-1])
         else:
             ctx.node_party[node] = int(reply.content["metrics"]["party"])
             ok.append(reply)
@@ -44,7 +70,10 @@ def source_node(ctx: RunContext, reply: Message, expected_nodes) -> int:
 def unanswered(ctx: RunContext, expected_nodes, answered: set[int]) -> list[dict]:
     """A timeout record for every expected node that never answered."""
     reason = f"no reply within {ctx.settings.reply_timeout:g}s (timeout)"
-    return [dropped_record(ctx, node, reason) for node in expected_nodes if node not in answered]
+    records = [dropped_record(ctx, node, reason) for node in expected_nodes if node not in answered]
+    for record in records:
+        ctx.progress.emit("dropped", **record)
+    return records
 
 
 def dropped_record(ctx: RunContext, node: int, reason: str) -> dict:

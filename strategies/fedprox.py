@@ -10,6 +10,8 @@ sends mu: `strategy_class` puts Flower's aggregator after FedProx in the class o
 configure_train (mu) and the aggregator's aggregate_train (median, trimmed mean, Krum selection, ...)
 both run unchanged. Krum/MultiKrum/Bulyan assume `malicious-parties` = f; MultiKrum averages the n - f
 best-scored updates; FedTrimmedAvg cuts `trimmed-beta` at each end.
+With `dp-fedavg` it runs inside Flower's own DP wrapper (strategies/dp_fedavg.py): every sampled party
+must then reply, and the rounds it aggregated are the releases the accountant counts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import logging
 import time
 from collections.abc import Iterable
 
+import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedProx, FedTrimmedAvg, Krum, MultiKrum
 
@@ -25,8 +29,10 @@ from fedsmix import data as datalib
 from fedsmix.central import test_accuracy
 from fedsmix.config import Settings
 from fedsmix.models import new_classifier
+from fedsmix.seeding import derive_seed
 from fedsmix.space import mixing_shape
 from server.context import RunAborted, RunContext
+from strategies import dp_fedavg
 from strategies.common import bytes_summary, split_replies
 
 AGGREGATORS = {
@@ -36,12 +42,15 @@ AGGREGATORS = {
 
 
 class ReportingFedProx(FedProx):
-    def __init__(self, ctx: RunContext, **kwargs):
+    def __init__(self, ctx: RunContext, dp_sample: int = 0, **kwargs):
         super().__init__(**kwargs)
         self.ctx = ctx
+        self.dp_sample = dp_sample  # DP-FedAvg: the noise is sized for exactly this many parties each round
         self.sampled: dict[int, list[int]] = {}
         self.dropped: list[dict] = []
         self.parties_used: set[int] = set()
+        self.released: list[int] = []  # rounds whose aggregate went out
+        self.answered: dict[int, int] = {}  # round -> parties whose update was aggregated
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
         available = len(list(grid.get_node_ids()))
@@ -50,6 +59,9 @@ class ReportingFedProx(FedProx):
                 f"round {server_round}: {available} parties connected; min-parties is {self.min_available_nodes}"
             )
         messages = list(super().configure_train(server_round, arrays, config, grid))
+        if self.dp_sample and len(messages) != self.dp_sample:
+            raise RunAborted(f"round {server_round}: sampled {len(messages)} parties, DP-FedAvg's noise is sized for "
+                             f"{self.dp_sample}")
         self.sampled[server_round] = [m.metadata.dst_node_id for m in messages]
         return messages
 
@@ -64,6 +76,13 @@ class ReportingFedProx(FedProx):
         # replies arrive in whatever order the parties finish; summing in party order makes the
         # aggregate (floating-point addition is not associative) the same in every run
         ok.sort(key=lambda reply: int(reply.content["metrics"]["party"]))
+        if self.dp_sample and len(ok) < len(self.sampled.get(server_round, [])):
+            raise RunAborted(
+                f"round {server_round}: {len(ok)} of {len(self.sampled[server_round])} sampled parties replied; "
+                "DP-FedAvg's noise is sized for all of them, so no aggregate is released",
+                {"dropped": self.dropped},
+            )
+        self.answered[server_round] = len(ok)
         if len(ok) < self.min_train_nodes:
             lost = "; ".join(f"party {d['party']} (node {d['node']}) at {d['time']}: {d['reason']}" for d in dropped)
             raise RunAborted(
@@ -71,7 +90,10 @@ class ReportingFedProx(FedProx):
                 + (f"; dropped {lost}" if lost else ""),
                 {"dropped": self.dropped},
             )
-        return super().aggregate_train(server_round, ok)
+        arrays, metrics = super().aggregate_train(server_round, ok)
+        if arrays is not None:
+            self.released.append(server_round)
+        return arrays, metrics
 
 
 def strategy_class(aggregation: str) -> type[ReportingFedProx]:
@@ -96,37 +118,45 @@ def aggregator_options(settings: Settings, sampled: int) -> dict:
     return {}
 
 
-def sampled_parties(settings: Settings, available: int) -> int:
-    """How many parties Flower samples each round (FedAvg.configure_train's rule)."""
-    return max(int(available * settings.fraction_train), settings.min_parties)
-
-
 def run(ctx: RunContext, mu: float | None = None) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     mu = s.proximal_mu if mu is None else mu
-    nodes = ctx.nodes()
-    num_classes = datalib.spec(s.dataset).num_classes
+    parties = len(ctx.nodes())
+    num_classes = datalib.dataset_spec(s).num_classes
     model = new_classifier(s, mixing_shape(s), num_classes)
+    dp = s.dp_fedavg != "off"
+    sampled = dp_fedavg.sampled_per_round(s, parties)
     strategy = strategy_class(s.aggregation)(
         ctx,
+        dp_sample=sampled if dp else 0,
         fraction_train=s.fraction_train,
         fraction_evaluate=0.0,
         min_train_nodes=s.min_parties,
         min_available_nodes=s.min_parties,
         proximal_mu=mu,
+        weighted_by_key="equal-weight" if dp else "num-examples",
     )
-    for name, value in aggregator_options(s, sampled_parties(s, len(nodes))).items():
+    for name, value in aggregator_options(s, sampled).items():
         setattr(strategy, name, value)
+    runner = dp_fedavg.wrap(strategy, s, sampled) if dp else strategy
+    if dp:  # Flower draws the DP noise from numpy's global generator: seeded, a run is replayable
+        np.random.seed(derive_seed(s.seed, "dp-fedavg-noise") % 2**32)
     curve: list[dict] = []
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
         metrics = test_accuracy(model, ctx.test_set(), ctx.device)
-        curve.append({"round": server_round, "accuracy": metrics["accuracy"], "seconds": time.perf_counter() - t0})
+        elapsed = time.perf_counter() - t0
+        curve.append({"round": server_round, "accuracy": metrics["accuracy"], "seconds": elapsed})
+        ctx.progress.emit(
+            "round", round=server_round, rounds=s.rounds, accuracy=metrics["accuracy"], elapsed=round(elapsed, 3),
+            answered=strategy.answered.get(server_round), sampled=len(strategy.sampled.get(server_round, [])) or None,
+            eta=round(elapsed / server_round * (s.rounds - server_round), 3) if server_round else None,
+        )
         return MetricRecord(metrics)
 
     grid = ctx.counting_grid()
-    result = strategy.start(
+    result = runner.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=s.rounds,
@@ -136,6 +166,17 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
     )
     nodes = sorted(set(ctx.traffic.to_node))
     final = curve[-1]["accuracy"] if curve else None
+    path = ctx.run_dir / f"global-model-{'fedprox' if mu > 0 else 'fedavg'}.pt"
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)  # a trained round to attack
+    train_metrics = {str(k): dict(v) for k, v in result.train_metrics_clientapp.items()}
+    extra = {"dp-fedavg": dp_fedavg.report(s, sampled, parties, strategy.released)} if dp else {}
+    if s.dp_sgd_epsilon > 0 and train_metrics:
+        last = train_metrics[max(train_metrics, key=int)]
+        extra["dp-sgd"] = {
+            "target-epsilon": s.dp_sgd_epsilon, "delta": s.dp_delta, "max-grad-norm": s.dp_sgd_max_grad_norm,
+            "epsilon": last.get("dp-sgd-epsilon"), "noise-multiplier": last.get("dp-sgd-noise-multiplier"),
+            "accountant": "Opacus RDP, per party (mean over parties of the last round), Poisson sampling",
+        }
     return {
         "accuracy": final,
         "proximal-mu": mu,
@@ -147,7 +188,10 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
         "dropped": strategy.dropped,
         "rejected": [],
         "wall-seconds": time.perf_counter() - t0,
-        "train-metrics": {str(k): dict(v) for k, v in result.train_metrics_clientapp.items()},
+        "train-metrics": train_metrics,
+        "local-train-seconds": sum(float(m.get("train-seconds", 0.0)) for m in train_metrics.values()),
+        "global-model": str(path),
+        **extra,
         **bytes_summary(ctx, nodes),
     }
 

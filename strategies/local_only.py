@@ -17,7 +17,7 @@ from strategies.common import bytes_summary, require_parties, settings_config, s
 def run(ctx: RunContext) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     nodes = ctx.nodes()
-    num_classes = datalib.spec(s.dataset).num_classes
+    num_classes = datalib.dataset_spec(s).num_classes
     model = new_classifier(s, mixing_shape(s), num_classes)
     initial = ArrayRecord(model.state_dict())
     config = settings_config(ctx, mode="local-only")
@@ -25,13 +25,18 @@ def run(ctx: RunContext) -> dict:
         Message(RecordDict({"arrays": initial, "config": config}), dst_node_id=node, message_type=MessageType.TRAIN)
         for node in nodes
     ]
-    ok, dropped = split_replies(ctx, ctx.send_and_receive(messages), nodes)
-    accuracy, on_cuda = {}, 0
-    for reply in ok:
+    accuracy, on_cuda, replies = {}, 0, []
+    for reply in ctx.stream_replies(messages):  # each party's model is scored (and reported) as it arrives
+        replies.append(reply)
+        if reply.has_error():
+            continue  # reported with the dropped parties below
         party = int(reply.content["metrics"]["party"])
         on_cuda += int(reply.content["metrics"].get("on-cuda", 0))
         model.load_state_dict(reply.content["arrays"].to_torch_state_dict())
         accuracy[party] = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]
+        ctx.progress.emit("party", party=party, done=len(accuracy), of=len(nodes), accuracy=accuracy[party],
+                          **{"train-seconds": reply.content["metrics"].get("train-seconds")})
+    _, dropped = split_replies(ctx, replies, nodes)
     require_parties(ctx, len(accuracy), "local-only", dropped=dropped)
     values = list(accuracy.values())
     return {

@@ -26,14 +26,22 @@ from server.context import RunContext
 from server.plausibility import Evidence, examine, quarantine
 from server.store import UploadStore
 from server.validation import Expectation, UploadRejected, validate_upload
-from strategies.common import bytes_summary, dropped_record, require_parties, settings_config, source_node, unanswered
+from strategies.common import (
+    bytes_summary,
+    dropped_record,
+    epoch_hook,
+    require_parties,
+    settings_config,
+    source_node,
+    unanswered,
+)
 
 
 def expectation(ctx: RunContext) -> Expectation:
     s = ctx.settings
     return Expectation(
         sample_shape=mixing_shape(s),
-        num_classes=datalib.spec(s.dataset).num_classes,
+        num_classes=datalib.dataset_spec(s).num_classes,
         max_samples=s.max_upload_samples,
         max_bytes=int(s.max_upload_mb * 2**20),
     )
@@ -57,6 +65,7 @@ def collect_uploads(
         answered.add(node)
         if reply.has_error():
             dropped.append(dropped_record(ctx, node, reply.error.reason))
+            ctx.progress.emit("dropped", **dropped[-1])
             continue
         metrics = reply.content.get("metrics")
         if metrics is not None and "stored" in metrics and "upload" not in reply.content:
@@ -69,6 +78,7 @@ def collect_uploads(
                     "upload-bytes": 0,
                     "from-store": True,
                 }
+                ctx.progress.emit("upload", party=party, done=len(parties), of=len(nodes), stored=True)
             else:
                 rejected.append(
                     {
@@ -83,6 +93,7 @@ def collect_uploads(
             upload = validate_upload(reply.content, f"node {node}", expect, seen)
         except UploadRejected as err:
             rejected.append({"node": node, "party": err.party, "field": err.field, "reason": err.reason})
+            ctx.progress.emit("upload-rejected", **rejected[-1])
             continue
         finally:
             del reply  # the message holds the upload's bytes: release them before the next arrives
@@ -90,6 +101,8 @@ def collect_uploads(
         ctx.node_party[node] = upload.party
         store.save(upload.party, upload.x, upload.y, upload.metrics)
         parties[upload.party] = {**upload.metrics, "node": node, "upload-bytes": upload.nbytes}
+        ctx.progress.emit("upload", party=upload.party, done=len(parties), of=len(nodes), rows=len(upload.x),
+                          **{"encode-seconds": upload.metrics.get("encode-seconds")})
         if ctx.settings.plausibility:
             evidence[upload.party] = examine(upload.party, upload.x, upload.y, upload.metrics, ctx.settings)
         del upload
@@ -129,20 +142,6 @@ def reopen_store(ctx: RunContext) -> tuple[UploadStore, list[dict]]:
     return store, discarded
 
 
-def epoch_hook(ctx: RunContext, t0: float, curve: list[dict]):
-    """After each epoch: test accuracy every `eval-every` epochs (a time-to-accuracy curve), then faults."""
-    every, interrupt = ctx.settings.eval_every, interrupt_after(ctx.settings.fault)
-
-    def on_epoch(model: torch.nn.Module, epoch: int, loss: float) -> None:
-        if every and epoch % every == 0:
-            accuracy = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]
-            curve.append({"epoch": epoch, "accuracy": accuracy, "seconds": time.perf_counter() - t0})
-        if interrupt is not None:
-            interrupt(epoch, loss)
-
-    return on_epoch
-
-
 def run(ctx: RunContext) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     nodes = ctx.nodes()
@@ -161,7 +160,7 @@ def run(ctx: RunContext) -> dict:
     )
     used = sorted(parties)
     x, y = store.union(used)
-    shape, num_classes = expectation(ctx).sample_shape, datalib.spec(s.dataset).num_classes
+    shape, num_classes = expectation(ctx).sample_shape, datalib.dataset_spec(s).num_classes
     rows = np.repeat(np.array(used), np.diff(x.offsets))
     union = Union(x, y, rows, *union_statistics([parties[p] for p in used], math.prod(shape), s.encoder))
     public = public_in_space(s) if needs_public(s) else None
@@ -172,7 +171,7 @@ def run(ctx: RunContext) -> dict:
         return train_union(
             s, union, shape, num_classes, ctx.device, score=lambda models, held: score_round(ctx, models, held),
             public=public, checkpoint_path=checkpoint, checkpoint_key=store.union_key(used),
-            on_epoch=epoch_hook(ctx, t0, curve),
+            on_epoch=epoch_hook(ctx, t0, curve, then=interrupt_after(s.fault)), progress=ctx.progress,
         )
 
     checkpoint_note = None
@@ -193,7 +192,7 @@ def run(ctx: RunContext) -> dict:
         "test-loss": metrics["loss"],
         "trainer": selection.chosen,
         "selection": {"validation-accuracy": selection.validation, "held-out-rows": selection.held_out,
-                      "noise-var": union.noise_var, "clean-var": union.clean_var},
+                      "noise-var": union.noise_var, "mix-scale": union.mix_scale},
         "parties-used": len(parties),
         "num-partitions": len(nodes),
         "union-size": len(union),
@@ -266,7 +265,9 @@ def return_round(ctx: RunContext, selection: Selection, parties: list[int]) -> d
     for reply in ctx.send_and_receive(messages):
         if not reply.has_error():
             accuracy[int(reply.content["metrics"]["party"])] = float(reply.content["metrics"]["accuracy"])
-    return party_summary(accuracy)
+    summary = party_summary(accuracy)
+    ctx.progress.emit("returned", parties=len(accuracy), mean=summary["mean"])
+    return summary
 
 
 def _save_model(ctx: RunContext, model: torch.nn.Module) -> str:

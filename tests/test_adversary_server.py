@@ -85,6 +85,12 @@ def test_serverapp_attacks_the_uploads_it_received(runs_dir):
     assert {f.name for f in files} == {"summary.md", "summary.csv", "best-recovered.png"}
     assert all(f.parent == Path(results["run-dir"]) / "adversary" and f.stat().st_size > 0 for f in files)
     assert "| mmse |" in (Path(results["run-dir"]) / "adversary" / "summary.md").read_text()
+    events = [json.loads(line) for line in (Path(results["run-dir"]) / "progress.jsonl").read_text().splitlines()]
+    attacks = [e for e in events if e["kind"] in ("attack-start", "attack")]
+    assert [e["kind"] for e in attacks] == ["attack-start", "attack", "attack", "attack"]
+    assert {e["attack"] for e in attacks[1:]} == {"linear", "mmse", "unet"} and attacks[0]["victims"] == 80
+    assert all(e["strategy"] == "mixup-union" and e["tau"] == 1.0 for e in attacks)
+    assert events[events.index(attacks[-1]) + 1]["kind"] == "strategy-end"  # inside mixup-union, before its end
 
 
 def test_attack_command_writes_the_sweep_tables_and_figures(tmp_path, data_dir):
@@ -125,6 +131,10 @@ def test_attack_command_writes_the_sweep_tables_and_figures(tmp_path, data_dir):
     assert sweep["victims"] == 60 and len(sweep["taus"]) == 3
     table = (tmp_path / "digits-sweep.md").read_text()
     assert "trivial guess" in table and "gain linear" in table and "gain mmse" in table
+    events = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in events] == ["run-start", "tau", "tau", "tau", "run-end"]  # one event per tau
+    assert [(e["tau"], e["index"], e["of"]) for e in events[1:4]] == [(1.0, 1, 3), (0.1, 2, 3), (0.01, 3, 3)]
+    assert set(events[1]["snr"]) == {"linear", "mmse", "unet"} and events[3]["eta"] == 0
 
 
 def test_attack_command_rejects_bad_input(tmp_path, capsys):

@@ -95,7 +95,7 @@ def _party_scores(clean):
 
 def test_under_large_known_noise_the_noise_aware_trainers_beat_the_mlp():
     settings = load_settings({"model": "mlp", "epochs": 15, "batch-size": 64, "trainer": "auto",
-                              "ridge-gammas": "0.01,1,100"})
+                              "head-penalties": "0.01,1,100"})
     union, clean, (x_test, y_test) = _synthetic_union(settings, radius=150.0)
     public, _ = blobs(1000, seed=5)
     accuracy = {}
@@ -112,7 +112,7 @@ def test_under_large_known_noise_the_noise_aware_trainers_beat_the_mlp():
 
 
 def test_selection_never_reads_the_test_split(monkeypatch):
-    settings = load_settings({"model": "mlp", "epochs": 2, "trainer": "auto", "ridge-gammas": "0.1,10"})
+    settings = load_settings({"model": "mlp", "epochs": 2, "trainer": "auto", "head-penalties": "0.1,10"})
     union, clean, _ = _synthetic_union(settings, radius=5.0, parties=2, n=200)
 
     def refuse(name, split, *args, **kwargs):
@@ -143,3 +143,22 @@ def test_validation_rows_are_a_seeded_fraction_of_every_party():
     assert [int((parties[held] == p).sum()) for p in range(3)] == [2, 1, 1]  # at least one row each
     assert np.array_equal(held, central.validation_rows(settings, parties))
     assert not np.array_equal(held, central.validation_rows(settings.replace(seed=1), parties))
+
+
+def test_lda_recovers_the_clean_class_means_from_mixed_soft_labels():
+    """Mixing pulls every soft-label-weighted class mean towards the overall mean by E[w1^2 + w2^2]; the
+    discriminant undoes it, so its class means match the clean data's, and it classifies clean inputs."""
+    settings = load_settings({})
+    x, labels = blobs(20_000, d=16, seed=4)
+    enc = singularized_mixup(x, datalib.one_hot(labels, 4), settings.alpha, 0.0, generator(0, "lda"))
+    _, mix_scale = central.union_statistics([{"num-examples": 1, "alpha": settings.alpha, "radius": 0.0}], 16,
+                                            "singularized")
+    m = central.Moments.of(enc.x, enc.y.numpy())
+    recovered = m.xy / (m.mean_y * mix_scale)
+    truth = torch.stack([x[labels == c].double().mean(0) for c in range(4)], dim=1) - x.double().mean(0)[:, None]
+    assert (recovered - truth).norm() < 0.05 * truth.norm()
+    shrunk = m.xy / m.mean_y  # without the mixing scale: the class means of the mixtures
+    assert (shrunk - truth).norm() > 0.3 * truth.norm()
+    head = central.linear_heads("lda", m, (1e-3,), 0.0, mix_scale)["lda@0.001"]
+    x_test, y_test = blobs(2000, d=16, seed=8)
+    assert central.test_accuracy(head, (x_test, y_test), "cpu")["accuracy"] > 0.9

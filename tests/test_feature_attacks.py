@@ -205,8 +205,10 @@ def test_attack_command_with_the_table4_preset_attacks_its_feature_space(tmp_pat
 
     calls = []
 
-    def fake_sweep(settings, taus, attacks, victims, out_dir, device, mmse_rank, split, resize, parties=0):
+    def fake_sweep(settings, taus, attacks, victims, out_dir, device, mmse_rank, split, resize, parties=0,
+                   progress=None):
         calls.append((settings, taus, attacks, victims, device, split, parties))
+        assert progress.path == Path(out_dir) / "progress.jsonl"  # `fedsmix show --follow <out>` can watch it
         md = Path(out_dir) / f"{settings.radius_mode}.md"
         md.write_text(f"table {settings.radius_mode}\n")
         return {"files": [str(md)]}

@@ -63,7 +63,7 @@ def test_tiny_frontier_writes_table_csv_and_plot(runs_dir):
         assert float(r["gain_snr_db"]) >= 0  # the trivial guess is always among the attacks
     attacks = list(csv.DictReader((run_dir / "attacks.csv").open()))
     by_row = {name: {a["attack"] for a in attacks if a["strategy"] == name} for name in rows}
-    assert by_row["fedavg"] == {"trivial guess", "gradient"}
+    assert by_row["fedavg"] == {"trivial guess", "gradient", "gradient-realistic"}
     assert by_row["instahide-inside-k4"] == {"trivial guess", "abs-solve", "averaging"}
     assert by_row["singularized-tau1e-2"] == {"trivial guess", "abs-solve", "averaging", "linear", "mmse"}
     gradient = next(a for a in attacks if a["attack"] == "gradient")

@@ -30,8 +30,8 @@ def test_two_parties_all_strategies(runs_dir):
     assert mix["parties-used"] == 2 and mix["accuracy"] > 0.5  # chance is 0.1
     assert set(mix["parties"]) == {"0", "1"}
     # trainer=auto through the real messages: the parties scored every candidate, the model went back
-    candidates = {"mlp", "mlp-recal"} | {f"{k}@{g:g}" for k in ("ridge", "ridge-eiv", "ridge-public")
-                                          for g in (1e-3, 1e-2, 1e-1, 1.0, 10.0)}
+    candidates = {"mlp", "mlp-recal"} | {f"{k}@{g:g}" for k in ("ridge", "ridge-eiv", "lda", "lda-public")
+                                          for g in (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)}
     assert set(mix["selection"]["validation-accuracy"]) == candidates and mix["trainer"] in candidates
     assert mix["selection"]["held-out-rows"] > 0
     assert set(mix["returned"]["per-party-accuracy"]) == {"0", "1"} and mix["returned"]["min"] > 0.3

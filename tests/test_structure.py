@@ -44,4 +44,4 @@ def test_protocols_and_apps_never_import_the_commands_or_the_clients():
 def test_the_registry_is_the_schemas_list_of_attacks():
     assert tuple(REGISTRY) == ATTACKS
     assert applicable("singularized") == ("linear", "mmse", "unet", "abs-solve", "averaging")
-    assert applicable("fedprox") == ("gradient",) and applicable("local-only") == ()
+    assert applicable("fedprox") == ("gradient", "gradient-realistic") and applicable("local-only") == ()

@@ -1,7 +1,17 @@
 """What a frontier runs: the rows (strategies) and the attack budget, from a preset's `frontier:` section.
 
 Rows are named in one of the forms of ROW_FORMS; each is the base settings plus a few overrides,
-so every row shares the partitions, seeds and training budget of the preset.
+so every row shares the partitions, seeds and training budget of the preset. A FedAvg/FedProx row may
+carry defences (issue 16), each a dash-joined suffix, any combination:
+
+    fedavg-prune0.9            gradient pruning of the round's update, p = 0.9
+    fedavg-mixup-k4            MixUp of every local batch, k = 4
+    fedavg-instahide-k4        Intra-InstaHide of every local batch, k = 4
+    fedavg-instahide-k4-prune0.9
+    fedavg-dp-eps8             DP-FedAvg, server-side clipping, noise multiplier solved for epsilon 8
+    fedavg-dpclient-eps8       DP-FedAvg, client-side clipping (Flower's fixedclipping_mod)
+    fedavg-dpsgd-eps8          per-party DP-SGD (Opacus), epsilon 8
+    fedavg-groupnorm           the GroupNorm model the DP rows train, without DP (what GroupNorm costs)
 """
 
 from __future__ import annotations
@@ -9,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -17,7 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedsmix.config import ATTACKS, Settings, SettingsError, resolve_preset
 
 ROW_FORMS = (
-    "local-only, fedavg, fedprox, mixup-k<K>, instahide-inside-k<K>, instahide-cross-k<K>, singularized-tau<TAU>"
+    "local-only, fedavg, fedprox, mixup-k<K>, instahide-inside-k<K>, instahide-cross-k<K>, singularized-tau<TAU>, "
+    "fedavg|fedprox followed by any of -prune<P>, -mixup-k<K>, -instahide-k<K>, -dp-eps<E>, -dpclient-eps<E>, "
+    "-dpsgd-eps<E>, -groupnorm"
+)
+DEFENCE = re.compile(
+    r"-(?:prune(?P<prune>[0-9.]+)|(?P<mix>mixup|instahide)-k(?P<k>\d+)|(?P<dp>dp|dpclient|dpsgd)-eps(?P<eps>[0-9.]+)"
+    r"|(?P<groupnorm>groupnorm))(?=-|$)"
 )
 DEFAULT_ROWS = (
     "local-only",
@@ -37,19 +53,80 @@ class Row:
     name: str
     strategy: str  # the fedsmix strategy whose run gives accuracy, bytes and wall time
     overrides: dict = field(default_factory=dict)
+    dp_fedavg_epsilon: float = 0.0  # a DP-FedAvg row's target: its noise multiplier follows from the run's size
 
     @property
     def target(self) -> str:
         """What the attacks registry is keyed by: the encoder for uploads, else the strategy."""
         return self.overrides.get("encoder", "singularized") if self.strategy == "mixup-union" else self.strategy
 
-    def settings(self, base: Settings, runs_dir: Path) -> Settings:
-        return base.replace(strategies=(self.strategy,), run_name=self.name, runs_dir=str(runs_dir), **self.overrides)
+    @property
+    def defended(self) -> bool:
+        return self.strategy in ("fedavg", "fedprox") and self.name != self.strategy
+
+    def settings(self, base: Settings, runs_dir: Path, parties: int = 0) -> Settings:
+        settings = base.replace(strategies=(self.strategy,), run_name=self.name, runs_dir=str(runs_dir),
+                                **self.overrides)
+        if self.dp_fedavg_epsilon > 0:
+            from strategies.dp_fedavg import noise_for_epsilon, sampled_per_round
+
+            if parties < 2:
+                raise SettingsError(f"frontier row {self.name}: DP-FedAvg needs the number of parties")
+            sampled = sampled_per_round(settings, parties)
+            noise = noise_for_epsilon(self.dp_fedavg_epsilon, settings.rounds, sampled, parties, settings.dp_delta)
+            settings = settings.replace(dp_noise_multiplier=noise)
+        return settings
+
+
+def parse_defences(name: str, base: str) -> Row:
+    """`base` (fedavg or fedprox) with the defences its suffixes name, each at most once."""
+    overrides: dict[str, Any] = {}
+    epsilon, position, rest = 0.0, len(base), name[len(base):]
+    seen: set[str] = set()
+    while position < len(name):
+        match = DEFENCE.match(name, position)
+        if match is None:
+            raise SettingsError(f"frontier.rows: cannot read {name[position:]!r} in row {name!r}; forms: {ROW_FORMS}")
+        kind = next(k for k in ("prune", "mix", "dp", "groupnorm") if match.group(k))
+        if kind in seen:
+            raise SettingsError(f"frontier.rows: row {name!r} names two {kind} defences")
+        seen.add(kind)
+        try:
+            if kind == "prune":
+                overrides["prune_ratio"] = float(match.group("prune"))
+            elif kind == "mix":
+                overrides.update(batch_mix=match.group("mix"), batch_mix_k=int(match.group("k")))
+            elif kind == "groupnorm":
+                overrides["model_norm"] = "group"
+            else:
+                value = float(match.group("eps"))
+                if value <= 0:
+                    raise ValueError
+                overrides["model_norm"] = "group"
+                if match.group("dp") == "dpsgd":
+                    overrides["dp_sgd_epsilon"] = value
+                else:
+                    overrides["dp_fedavg"] = "client" if match.group("dp") == "dpclient" else "server"
+                    epsilon = value
+        except ValueError:
+            raise SettingsError(f"frontier.rows: bad number in {match.group(0)!r} of row {name!r}") from None
+        position = match.end()
+    if not rest:
+        return Row(name, base)
+    return Row(name, base, overrides, epsilon)
 
 
 def parse_row(name: str) -> Row:
     if name in ("local-only", "fedavg", "fedprox"):
         return Row(name, name)
+    for base in ("fedavg", "fedprox"):
+        if name.startswith(base + "-"):
+            row = parse_defences(name, base)
+            try:
+                Settings().replace(**row.overrides)  # a bad value fails here, naming its key
+            except SettingsError as err:
+                raise SettingsError(f"frontier.rows: row {name!r}: {err}") from None
+            return row
     if match := re.fullmatch(r"(mixup|instahide-inside|instahide-cross)-k(\d+)", name):
         return Row(name, "mixup-union", {"encoder": match.group(1), "mix_k": int(match.group(2))})
     if match := re.fullmatch(r"singularized-tau([0-9.eE+-]+)", name):
@@ -77,12 +154,21 @@ class FrontierPlan(BaseModel):
     gradient_steps: int = Field(1000, ge=8)
     gradient_restarts: int = Field(2, ge=1)
     gradient_tv: float = Field(1e-2, ge=0)
+    gradient_alpha_bn: float = Field(1e-2, ge=0, description="weight of the BatchNorm regulariser (alpha_BN)")
+    gradient_labels: Literal["known", "restored"] = "known"
+    gradient_round: Literal["first", "last"] = Field(
+        "first", description="attack round 1's update (the initial model) or one from the row's trained global model"
+    )
+    gradient_study: tuple[int, ...] = Field((), description="batch sizes of the per-defence gradient study (1,16,32)")
+    gradient_study_victims: int = Field(
+        0, ge=0, description="victims per study batch size: the first max(B, this) (0 = all attack-victims)"
+    )
     reencoding: tuple[int, ...] = (1, 4, 16)
     #: attacks tried on every row they apply to (server/adversary/registry.py); the U-Net trains per
     #: radius on public data, so it joins only when named
-    attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "gradient")
+    attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "gradient", "gradient-realistic")
 
-    @field_validator("rows", "reencoding", "attacks", mode="before")
+    @field_validator("rows", "reencoding", "attacks", "gradient_study", mode="before")
     @classmethod
     def _csv(cls, value: Any):
         if isinstance(value, str):

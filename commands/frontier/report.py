@@ -11,12 +11,30 @@ from fedsmix.runs import atomic_write_bytes
 from fedsmix.tables import fmt as _f
 from fedsmix.tables import write_csv
 
+SCORES = (
+    "snr_db",
+    "psnr_db",
+    "ssim",
+    "gain_snr_db",
+    "gain_psnr_db",
+    "gain_ssim",
+    "best_ssim",
+    "trivial_snr_db",
+    "trivial_psnr_db",
+    "trivial_ssim",
+    "party_mean_snr_db",
+    "gain_vs_party_mean_db",
+)
+#: each defence's own privacy parameter, its own column (different units, never one axis)
+PRIVACY = ("tau", "upload_k", "prune_p", "batch_mix", "dp_fedavg_epsilon", "dp_fedavg_noise", "dp_sgd_epsilon")
 COLUMNS = (
     "strategy",
     "accuracy",
+    *PRIVACY,
     "attack",
     "batch_size",
     "local_steps",
+    "round",
     "snr_db",
     "psnr_db",
     "ssim",
@@ -32,6 +50,8 @@ COLUMNS = (
     "bytes_up_per_party",
     "measured_bytes_up_per_party",
     "wall_seconds",
+    "local_train_seconds",
+    "time_overhead",
     "attack_seconds",
     "dominated_by",
 )
@@ -54,20 +74,33 @@ def dominated_by(records: list[dict]) -> None:
 
 
 def write_all(run_dir: Path, records: list[dict], attacks: list[dict], study: list[dict], meta: dict,
-              truth: torch.Tensor, panels: dict[str, torch.Tensor], to_unit) -> list[str]:
-    """frontier.md, frontier.csv, attacks.csv, reencoding.csv, frontier.png and reconstructions.png."""
+              truth: torch.Tensor, panels: dict[str, torch.Tensor], to_unit,
+              gradient_study: list[dict] | None = None) -> list[str]:
+    """frontier.md, frontier.csv, attacks.csv, reencoding.csv, gradient-study.csv, frontier.png and
+    reconstructions.png."""
+    gradient_study = gradient_study or []
     files = [
         write_csv(run_dir / "frontier.csv", records, COLUMNS),
         write_csv(run_dir / "attacks.csv", attacks, COLUMNS),
-        write_csv(run_dir / "reencoding.csv", study, ("strategy", "encodings_per_sample") + COLUMNS[5:17]),
+        write_csv(run_dir / "reencoding.csv", study, ("strategy", "encodings_per_sample") + SCORES),
+        write_csv(run_dir / "gradient-study.csv", gradient_study,
+                  ("strategy", "study_batch_size", "victims", "attack", "local_steps", "round", *SCORES,
+                   "attack_seconds")),
     ]
-    atomic_write_bytes(run_dir / "frontier.md", markdown(records, study, meta).encode())
+    atomic_write_bytes(run_dir / "frontier.md", markdown(records, study, meta, gradient_study).encode())
     scatter(run_dir / "frontier.png", records, f"{meta['dataset']}: accuracy vs leakage")
     reconstructions(run_dir / "reconstructions.png", truth, panels, to_unit)
     return [str(f) for f in files] + [str(run_dir / n) for n in ("frontier.md", "frontier.png", "reconstructions.png")]
 
 
-def markdown(records: list[dict], reencoding: list[dict], meta: dict) -> str:
+def _privacy(r: dict) -> str:
+    """The row's privacy parameters, each in its own cell."""
+    return (f"| {_f(r.get('tau'), '.0e')} | {_f(r.get('upload_k'), 'd')} | {_f(r.get('prune_p'), 'g')} "
+            f"| {r.get('batch_mix') or '-'} | {_f(r.get('dp_fedavg_epsilon'), '.2f')} "
+            f"| {_f(r.get('dp_sgd_epsilon'), '.2f')} ")
+
+
+def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_study: list[dict] | None = None) -> str:
     lines = [
         f"# Privacy-utility-cost frontier: {meta['dataset']}",
         "",
@@ -77,20 +110,26 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict) -> str:
         "(the public mean sample), so 0 means the attacker learnt nothing a data-free guess would not give; "
         "gain vs party mean compares with the victim party's own mean sample (an oracle guess): positive only when "
         "individual samples leak. SSIM of the best-recovered image is the highest per-victim SSIM. Bytes: what a "
-        "party sends (local-only: nothing; the simulator returns its model only to evaluate it).",
+        "party sends (local-only: nothing; the simulator returns its model only to evaluate it). Privacy "
+        "parameters, each in its own column: tau (singularized mixup), k of an uploaded mixup/InstaHide encoding, "
+        "p of gradient pruning, the batch defence and its k, DP-FedAvg's and DP-SGD's epsilon (from their "
+        "accountants, at the run's delta). Time x: the row's local training time (mean party, all rounds) over "
+        "undefended FedAvg's in the same run.",
         "",
-        "| strategy | test acc % | strongest attack | SNR dB | PSNR dB | SSIM | gain SNR dB | gain PSNR dB | gain SSIM "
-        "| best-image SSIM | gain vs party mean dB | bytes up/party | wall s | dominated by |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| strategy | test acc % | tau | upload k | prune p | batch mix | DP-FedAvg eps | DP-SGD eps "
+        "| strongest attack | SNR dB | PSNR dB | SSIM | gain SNR dB | gain PSNR dB | gain SSIM "
+        "| best-image SSIM | gain vs party mean dB | bytes up/party | wall s | time x | dominated by |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in records:
         attack = r["attack"] + (f" (B={r['batch_size']}, S={r['local_steps']})" if r.get("batch_size") else "")
         lines.append(
-            f"| {r['strategy']} | {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} | {attack} "
+            f"| {r['strategy']} | {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} "
+            f"{_privacy(r)}| {attack} "
             f"| {_f(r['snr_db'], '.2f')} | {_f(r['psnr_db'], '.2f')} | {_f(r['ssim'], '.3f')} "
             f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['gain_ssim'], '+.3f')} "
             f"| {_f(r['best_ssim'], '.3f')} | {_f(r['gain_vs_party_mean_db'], '+.2f')} "
-            f"| {r['bytes_up_per_party']:,.0f} | {_f(r['wall_seconds'], '.1f')} "
+            f"| {r['bytes_up_per_party']:,.0f} | {_f(r['wall_seconds'], '.1f')} | {_f(r.get('time_overhead'), '.2f')} "
             f"| {r['dominated_by'] or '-'} |"
         )
     if reencoding:
@@ -107,7 +146,59 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict) -> str:
                 f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_vs_party_mean_db'], '+.2f')} "
                 f"| {_f(r['ssim'], '.3f')} | {_f(r['gain_ssim'], '+.3f')} | {_f(r['best_ssim'], '.3f')} |"
             )
+    if gradient_study:
+        lines += [
+            "",
+            "## Gradient inversion by batch size (the appendix's table)",
+            "",
+            "Both gradient attackers on every FedAvg/FedProx row: 'gradient' = BN_exact (the batch's BatchNorm "
+            "statistics and dropout masks known; against batch mixing, coefficients and indices known), "
+            "'gradient-realistic' = BN_infer. Gain over the trivial guess.",
+            "",
+            "| strategy | B | victims | attack | gain SNR dB | gain PSNR dB | SSIM | gain SSIM | best-image SSIM "
+            "| attack s |",
+            "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in gradient_study:
+            if "gain_snr_db" not in r:
+                lines.append(f"| {r['strategy']} | {r['study_batch_size']} | - | {r['attack']} |" + " - |" * 6)
+                continue
+            lines.append(
+                f"| {r['strategy']} | {r['study_batch_size']} | {r['victims']} | {r['attack']} "
+                f"| {_f(r['gain_snr_db'], '+.2f')} "
+                f"| {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['ssim'], '.3f')} | {_f(r['gain_ssim'], '+.3f')} "
+                f"| {_f(r['best_ssim'], '.3f')} | {_f(r['attack_seconds'], '.0f')} |"
+            )
     return "\n".join(lines) + "\n"
+
+
+FAMILIES = {  # marker and colour per kind of row: defences differ in kind, so each has its own
+    "local-only": ("X", "grey"),
+    "upload encoding": ("o", "tab:blue"),
+    "FedAvg/FedProx": ("s", "tab:red"),
+    "gradient pruning": ("^", "tab:orange"),
+    "batch mixing": ("D", "tab:green"),
+    "batch mixing + pruning": ("P", "tab:olive"),
+    "DP-FedAvg": ("*", "tab:purple"),
+    "DP-SGD": ("v", "tab:pink"),
+    "GroupNorm": ("s", "tab:brown"),
+}
+
+
+def _family(r: dict) -> str:
+    if r["strategy"] == "local-only":
+        return "local-only"
+    if r.get("tau") is not None or r.get("upload_k") is not None:
+        return "upload encoding"
+    if r.get("dp_fedavg_epsilon") is not None or "-dp-" in r["strategy"] or "-dpclient-" in r["strategy"]:
+        return "DP-FedAvg"
+    if r.get("dp_sgd_epsilon") is not None or "-dpsgd-" in r["strategy"]:
+        return "DP-SGD"
+    if r.get("batch_mix"):
+        return "batch mixing + pruning" if r.get("prune_p") else "batch mixing"
+    if r.get("prune_p"):
+        return "gradient pruning"
+    return "GroupNorm" if "groupnorm" in r["strategy"] else "FedAvg/FedProx"
 
 
 def scatter(path: Path, records: list[dict], title: str) -> None:
@@ -121,10 +212,15 @@ def scatter(path: Path, records: list[dict], title: str) -> None:
     biggest = max((r["bytes_up_per_party"] for r in points), default=1) or 1
     fig, ax = plt.subplots(figsize=(7.5, 5))
     groups: list[tuple[float, float, list[str]]] = []  # rows on (nearly) the same spot share one label
+    shown: set[str] = set()
     for r in points:
         x, y = r["gain_snr_db"], 100 * r["accuracy"]
         size = 30 + 900 * math.sqrt(r["bytes_up_per_party"] / biggest)
-        ax.scatter(x, y, s=size, alpha=0.55, edgecolors="black", linewidths=0.6)
+        family = _family(r)
+        marker, color = FAMILIES[family]
+        ax.scatter(x, y, s=size, alpha=0.55, edgecolors="black", linewidths=0.6, marker=marker, color=color,
+                   label=None if family in shown else family)
+        shown.add(family)
         near = next((g for g in groups if abs(g[0] - x) < 0.5 and abs(g[1] - y) < 2.0), None)
         if near:
             near[2].append(r["strategy"])
@@ -138,6 +234,7 @@ def scatter(path: Path, records: list[dict], title: str) -> None:
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(f"{title}\nmarker area ~ sqrt(bytes sent per party); max {biggest:,.0f} B")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right", markerscale=0.5)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -4,9 +4,12 @@ same victims, through the adversary's one registry and one attack-and-score loop
 1. Runs: one in-process Flower simulation runs the real ServerApp logic once per row (a row is the
    preset plus a strategy/encoder override), so accuracy, bytes sent and wall time come from real
    runs on the same partitions and seeds.
-2. Leakage: the victim party's upload (or first-round update) is replayed with the party's own code,
-   every applicable attack reconstructs the same victims, and each row keeps its strongest attack.
+2. Leakage: the victim party's upload (or round update, with the row's defences) is replayed with the
+   party's own code, every applicable attack reconstructs the same victims, and each row keeps its
+   strongest attack.
 3. Re-encoding: the averaging attack against T encodings per sample, for every upload row.
+4. Gradient study (`gradient-study` batch sizes): both gradient attackers (BN_exact and BN_infer) against
+   every FedAvg/FedProx row at each batch size, the appendix's table.
 """
 
 from __future__ import annotations
@@ -63,17 +66,32 @@ def check_against_store(case: Case, upload_path: Path) -> None:
         raise RuntimeError(f"replayed upload differs from the stored one at {upload_path}: settings or seeds drifted")
 
 
+def gradient_cases(row: Row, settings: Settings, run: dict, vict: Victims, plan: FrontierPlan,
+                   batch_size: int, count: int = 0) -> list[Case]:
+    """The victim party's round updates, one per batch of `batch_size` victims, with the row's defences: round 1
+    from the initial model, or (gradient-round last) from the row's trained global model; the first `count`
+    victims (0 = all)."""
+    index = vict.index[:count] if count else vict.index
+    mu = settings.proximal_mu if row.strategy == "fedprox" else 0.0
+    state, server_round = None, 1
+    if plan.gradient_round == "last":
+        path = run.get("strategies", {}).get(row.strategy, {}).get("global-model")
+        if not path or not Path(path).is_file():
+            raise RuntimeError(f"frontier row {row.name}: no trained global model to attack ({path!r})")
+        state, server_round = torch.load(path, weights_only=True), settings.rounds + 1
+    return [
+        update_case(settings, vict.part, index[start : start + batch_size], proximal_mu=mu,
+                    batch_size=batch_size, local_epochs=plan.gradient_local_epochs, server_round=server_round,
+                    global_state=state)
+        for start in range(0, len(index), batch_size)
+    ]
+
+
 def row_cases(row: Row, settings: Settings, run: dict, vict: Victims, prior: torch.Tensor, plan: FrontierPlan,
               encodings_per_sample: int | None = None) -> list[Case]:
     """What the server saw from the victim party in this row, as attackable cases."""
     if row.strategy in ("fedavg", "fedprox"):
-        mu = settings.proximal_mu if row.strategy == "fedprox" else 0.0
-        B = plan.gradient_batch_size
-        return [
-            update_case(settings, vict.part, vict.index[start : start + B], proximal_mu=mu, batch_size=B,
-                        local_epochs=plan.gradient_local_epochs)
-            for start in range(0, len(vict.index), B)
-        ]
+        return gradient_cases(row, settings, run, vict, plan, plan.gradient_batch_size)
     if row.strategy != "mixup-union":
         return []  # local-only: nothing a party sends is attacked
     if encodings_per_sample is not None:
@@ -135,16 +153,17 @@ def row_leakage(outcome: Outcome | None, vict: Victims, prior: torch.Tensor, to_
 
 
 def attack_row(row: Row, settings: Settings, cases: list[Case], public: torch.Tensor, prior: torch.Tensor, to_unit,
-               plan: FrontierPlan, cache: dict) -> Outcome | None:
-    names = [name for name in applicable(row.target) if name in plan.attacks]
+               plan: FrontierPlan, cache: dict, names: list[str] | None = None) -> Outcome | None:
+    names = names if names is not None else [name for name in applicable(row.target) if name in plan.attacks]
     if not cases or not names:
         return None
-    key = _digest(cases) if row.strategy in ("fedavg", "fedprox") else None
+    key = _digest(cases) + ",".join(names) if row.strategy in ("fedavg", "fedprox") else None
     if key is not None and key in cache:  # FedAvg and FedProx send the same update after one step
         return cache[key]
     attacks, skipped = build_attacks(
         names, settings, public, tuple(cases[0].truth.shape[1:]), gradient_steps=plan.gradient_steps,
         gradient_restarts=plan.gradient_restarts, gradient_tv=plan.gradient_tv,
+        gradient_alpha_bn=plan.gradient_alpha_bn, gradient_labels=plan.gradient_labels,
     )
     outcome = attack_cases(cases, attacks, prior, to_unit)
     outcome.skipped.update(skipped)
@@ -172,14 +191,64 @@ def reencoding(rows: list[Row], row_settings: list[Settings], runs: list[dict], 
     return out
 
 
+def privacy_parameters(row: Row, settings: Settings, result: dict) -> dict:
+    """Each defence's own privacy parameter in its own column (different units: never one axis)."""
+    upload = row.strategy == "mixup-union"
+    return {
+        "tau": settings.tau if upload and settings.encoder == "singularized" else None,
+        "upload_k": settings.mix_k if upload and settings.encoder != "singularized" else None,
+        "prune_p": settings.prune_ratio if settings.prune_ratio > 0 and not upload else None,
+        "batch_mix": (f"{settings.batch_mix} k={settings.batch_mix_k}"
+                      if settings.batch_mix != "none" and not upload else None),
+        "dp_fedavg_epsilon": (result.get("dp-fedavg") or {}).get("epsilon"),
+        "dp_fedavg_noise": (result.get("dp-fedavg") or {}).get("noise-multiplier"),
+        "dp_sgd_epsilon": (result.get("dp-sgd") or {}).get("epsilon"),
+    }
+
+
+def time_overheads(records: list[dict]) -> None:
+    """Each FedAvg/FedProx row's local training time (mean party, all rounds) over undefended FedAvg's, same run."""
+    reference = next((r for r in records if r["strategy"] == "fedavg"), None)
+    base = reference.get("local_train_seconds") if reference else None
+    for r in records:
+        mine = r.get("local_train_seconds")
+        r["time_overhead"] = mine / base if mine is not None and base else None
+
+
+def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dict], vict: Victims, public, prior,
+                   plan: FrontierPlan) -> list[dict]:
+    """The appendix's table: both gradient attackers against every FedAvg/FedProx row at each study batch size."""
+    out = []
+    names = [n for n in ("gradient", "gradient-realistic") if n in plan.attacks]
+    for row, settings, run in zip(rows, row_settings, runs):
+        if row.strategy not in ("fedavg", "fedprox") or run.get("error"):
+            continue
+        to_unit = to_unit_for(settings, vict)
+        for B in plan.gradient_study:
+            count = max(B, plan.gradient_study_victims) if plan.gradient_study_victims else 0
+            try:
+                cases = gradient_cases(row, settings, run, vict, plan, B, count)
+            except ValueError as err:  # the model cannot train on such a batch (BatchNorm1d and B = 1)
+                out.append({"strategy": row.name, "study_batch_size": B, "attack": f"none: {err}"})
+                continue
+            outcome = attack_row(row, settings, cases, public, prior, to_unit, plan, {}, names)
+            scored_on = Victims(vict.part, vict.index[: len(outcome.truth)])
+            for name in outcome.estimates:
+                record = scored(name, outcome.summary, outcome.per_image, scored_on, outcome.seconds[name],
+                                victims=len(outcome.truth), **cases[0].info)
+                out.append({"strategy": row.name, "study_batch_size": B, **record})
+                print(f"  study {row.name} B={B} {name}: gain {record['gain_snr_db']:+.2f} dB", flush=True)
+    return out
+
+
 def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dict | None = None) -> dict:
     t_start = time.perf_counter()
     base = load_settings({**(overrides or {}), "preset": preset})
     plan = load_plan(preset, plan_overrides)
     rows = [parse_row(name) for name in plan.rows]
-    run_dir = new_run_dir(base.runs_dir, f"frontier-{base.dataset}")
+    run_dir = new_run_dir(base.runs_dir, f"frontier-{datalib.dataset_key(base)}")
     print(f"fedsmix frontier: {len(rows)} rows, {plan.parties} parties; output in {run_dir}", flush=True)
-    row_settings = [row.settings(base, run_dir / "runs") for row in rows]
+    row_settings = [row.settings(base, run_dir / "runs", plan.parties) for row in rows]
     runs = simulate_each(row_settings, plan.parties)
 
     vict = victims(base, plan.victim_party, plan.parties, base.attack_victims)
@@ -201,6 +270,8 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
             "bytes_up_per_party": 0.0 if row.strategy == "local-only" else measured,
             "measured_bytes_up_per_party": measured,
             "wall_seconds": result.get("wall-seconds"),
+            "local_train_seconds": result.get("local-train-seconds"),
+            **privacy_parameters(row, settings, result),
             "run_dir": run.get("run-dir"),
             "error": run.get("error") or result.get("error"),
         }
@@ -209,8 +280,14 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
         panels[f"{row.name}\n{best['attack']}"] = x_hat
         print(f"  {row.name}: accuracy {base_record['accuracy']}, strongest {best['attack']} "
               f"gain {best['gain_snr_db']:+.2f} dB", flush=True)
+    time_overheads(records)
+    for r in attacks:
+        r["time_overhead"] = next(x["time_overhead"] for x in records if x["strategy"] == r["strategy"])
     report.dominated_by(records)
     study = reencoding(rows, row_settings, runs, vict, prior, plan)
+    gstudy = gradient_study(rows, row_settings, runs, vict, public, prior, plan)
+    attacked_round = ("first-round update (initial model)" if plan.gradient_round == "first"
+                      else f"round-{base.rounds + 1} update (the row's trained global model)")
     meta = {
         "dataset": base.dataset,
         "budget": (
@@ -219,16 +296,22 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
             f"{len(vict.index)} of {len(vict.part.x)} samples, the same for every attack. Central/local training "
             f"{base.epochs} epochs, FedAvg/FedProx {base.rounds} rounds x {base.local_epochs} local epoch(s) "
             f"(mu {base.proximal_mu}), batch {base.batch_size}. abs-solve {base.attack_steps} iterations; gradient "
-            f"inversion {plan.gradient_steps} steps x {plan.gradient_restarts} restarts on the first-round update of "
-            f"B={plan.gradient_batch_size} image(s), {plan.gradient_local_epochs} local epoch(s). Threat model: the "
+            f"inversion {plan.gradient_steps} steps x {plan.gradient_restarts} restarts (TV {plan.gradient_tv:g}, "
+            f"alpha_BN {plan.gradient_alpha_bn:g}, labels {plan.gradient_labels}) on the "
+            f"{attacked_round} "
+            f"of B={plan.gradient_batch_size} image(s), {plan.gradient_local_epochs} local epoch(s); 'gradient' is the "
+            f"appendix's strongest attacker (BN_exact, dropout masks known; against batch mixing the coefficients and "
+            f"indices known), 'gradient-realistic' BN_infer. Threat model for uploads: the "
             f"oracle pairing (the attacker is handed W, the pairing and r). "
             f"Total wall time {time.perf_counter() - t_start:.0f} s."
         ),
     }
-    files = report.write_all(run_dir, records, attacks, study, meta, vict.x, panels, to_unit_for(base, vict))
+    files = report.write_all(run_dir, records, attacks, study, meta, vict.x, panels, to_unit_for(base, vict),
+                             gstudy)
     summary = {
         "run-dir": str(run_dir), "plan": plan.model_dump(by_alias=True), "settings": base.model_dump(by_alias=True),
-        "meta": meta, "records": records, "attacks": attacks, "reencoding": study, "files": files,
+        "meta": meta, "records": records, "attacks": attacks, "reencoding": study, "gradient-study": gstudy,
+        "files": files,
     }
     atomic_write_json(run_dir / "frontier.json", summary)
     print((run_dir / "frontier.md").read_text(), flush=True)

@@ -26,7 +26,7 @@ ENCODING_KEYS = frozenset(
         "private-mass-min", "encodings-per-sample", "upload-dtype", "max-upload-mb", "max-upload-samples",
         "adversary", "attack-victims", "attack-steps", "unet-width", "unet-epochs", "unet-train-size",
         # the central trainer of the uploads (fedsmix/central.py)
-        "trainer", "ridge-gammas", "validation-fraction", "return-model",
+        "trainer", "head-penalties", "validation-fraction", "return-model",
         # the server's plausibility checks of the uploads and robust central training (issue 21)
         "plausibility", "robust-training", "robust-trim",
     }

@@ -103,7 +103,9 @@ def summarize(name: str, res: dict) -> dict[str, Any]:
 
         row["radius-mode"] = res.get("radius-mode")
         row["trainer"] = res.get("trainer")
-        row["returned-mean-accuracy"] = (res.get("returned") or {}).get("mean")
+        returned = res.get("returned") or {}
+        for stat in ("mean", "min", "max"):
+            row[f"returned-{stat}-accuracy"] = returned.get(stat)
         for key in ("snr-bound", "snr-empirical", "radius", "m-f", "D", "c"):
             values = column(key)
             if values:

@@ -60,11 +60,15 @@ def instahide(
     generator: torch.Generator,
     public: torch.Tensor | None = None,
     private_min: float = 0.3,
+    rows: torch.Tensor | None = None,
 ) -> Encoded:
+    """Encode every sample of x, or only `rows` of it (inside-dataset; partners from all of x)."""
     n = len(x)
+    if rows is not None and public is not None:
+        raise ValueError("instahide: encoding a subset of rows is implemented for inside-dataset InstaHide only")
     if public is None:  # inside-dataset
-        sources = mix_sources(n, k, generator)
-        weights = sample_weights(n, cap, generator, k=k)
+        sources = mix_sources(n, k, generator, rows)
+        weights = sample_weights(len(sources), cap, generator, k=k)
         mixed = weighted_sum(x, sources, weights)
         y_enc = (weights.unsqueeze(-1).to(y.dtype) * y[sources]).sum(dim=1)
         public_sources = None

@@ -8,9 +8,16 @@ from .base import Encoded
 from .singularized import sample_weights
 
 
-def mix_sources(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
-    """Column 0 is the sample itself; columns 1..k-1 are independent random permutations."""
-    columns = [torch.arange(n)] + [torch.randperm(n, generator=generator) for _ in range(k - 1)]
+def mix_sources(n: int, k: int, generator: torch.Generator, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Column 0 is the sample itself; columns 1..k-1 are independent random permutations.
+
+    With `rows`, only those samples are encoded (one local batch): the rows of the same k - 1
+    permutations of all n samples, so partners come from the whole set, as when the set is encoded.
+    """
+    if rows is None:
+        columns = [torch.arange(n)] + [torch.randperm(n, generator=generator) for _ in range(k - 1)]
+    else:
+        columns = [rows] + [torch.randperm(n, generator=generator)[rows] for _ in range(k - 1)]
     return torch.stack(columns, dim=1)
 
 
@@ -22,9 +29,11 @@ def weighted_sum(x: torch.Tensor, sources: torch.Tensor, weights: torch.Tensor) 
     return out
 
 
-def mixup(x: torch.Tensor, y: torch.Tensor, k: int, cap: float, generator: torch.Generator) -> Encoded:
-    n = len(x)
-    sources = mix_sources(n, k, generator)
-    weights = sample_weights(n, cap, generator, k=k)
+def mixup(
+    x: torch.Tensor, y: torch.Tensor, k: int, cap: float, generator: torch.Generator, rows: torch.Tensor | None = None
+) -> Encoded:
+    """Encode every sample of x, or only `rows` of it (partners still drawn from all of x)."""
+    sources = mix_sources(len(x), k, generator, rows)
+    weights = sample_weights(len(sources), cap, generator, k=k)
     y_enc = (weights.to(y.dtype).unsqueeze(-1) * y[sources]).sum(dim=1)
     return Encoded(x=weighted_sum(x, sources, weights), y=y_enc, weights=weights, sources=sources)

@@ -52,6 +52,12 @@ class GradientObservation:
 
     The weight change of one round is treated as a pseudo-gradient; labels are known (the
     appendix's realistic setting). batch_size and local_steps describe how it was produced.
+    What a simulation's oracle may add for stronger threat models (the attack decides what it uses):
+    `bn_stats`, the BatchNorm mean and variance of the party's batch at every BatchNorm layer
+    (BN_exact), and `dropout_masks`, the masks its dropout layers drew; and, against a batch defence,
+    the mixing of each training input (`mix_weights`, `mix_sources` indexing the originals to recover,
+    `masked` for InstaHide's unknown signs) with the soft `targets` it trained on (the appendix's
+    strongest setting: coefficients and indices known).
     """
 
     model: nn.Module  # the global model the party started from
@@ -64,6 +70,12 @@ class GradientObservation:
     lo: torch.Tensor | None = None
     hi: torch.Tensor | None = None
     weight_decay: float = 0.0  # the party's SGD weight decay (the server sent it in the run settings)
+    bn_stats: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    dropout_masks: list[torch.Tensor] | None = None  # the party's dropout keep masks, per layer (oracle)
+    targets: torch.Tensor | None = None
+    mix_weights: torch.Tensor | None = None
+    mix_sources: torch.Tensor | None = None
+    masked: bool = False
 
 
 class Attack(ABC):

@@ -10,7 +10,6 @@ the box every private sample lies in.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,8 +19,9 @@ from fedsmix import data as datalib
 from fedsmix.config import Settings
 from fedsmix.encoders import Calibration, Encoded
 from fedsmix.models import new_classifier
-from fedsmix.party import Partition, train_local
+from fedsmix.party import Partition, party_dp_sgd_noise, train_local
 from fedsmix.space import load_public_pool, public_in_space
+from fedsmix.training import StepTrace
 
 from .base import GradientObservation, Observation
 
@@ -114,43 +114,63 @@ def upload_case(settings: Settings, part: Partition, enc: Encoded, calibration: 
 
 
 def update_case(settings: Settings, part: Partition, rows: torch.Tensor, *, proximal_mu: float, batch_size: int,
-                local_epochs: int, device: str = "cpu") -> Case:
-    """The party's first-round FedAvg/FedProx update on `rows` (a batch of its samples), trained by the
-    party's own `train_local`, with the labels known (the appendix's realistic setting)."""
+                local_epochs: int, device: str = "cpu", server_round: int = 1,
+                global_state: dict[str, torch.Tensor] | None = None) -> Case:
+    """The party's FedAvg/FedProx update in round `server_round` on `rows` (a batch of its samples), trained by
+    the party's own `train_local` from `global_state` (default: the initial model, round 1's) with the run's
+    defences, and what the oracle grants the strongest attacker: the labels, the batch's BatchNorm statistics
+    (BN_exact), the dropout masks and, against a batch defence, the first step's mixing coefficients, sources
+    and soft targets.
+
+    With a batch defence the originals to recover are every private sample mixed into the first step's inputs;
+    the case scores the victims `rows` among them. DP-FedAvg adds its noise to the aggregate, after the server
+    has seen each update: the server sees the raw update (server-side clipping) or the clipped one (client-side)."""
     client = settings.replace(batch_size=batch_size, local_epochs=local_epochs)
-    batch = part.subset(rows)
-    model = new_classifier(client, part.sample_shape, part.num_classes)  # round 1's global model
+    model = new_classifier(client, part.sample_shape, part.num_classes)
+    if global_state is not None:
+        model.load_state_dict(global_state)
     global_model = copy.deepcopy(model)
-    result = train_local(client, batch, model.state_dict(), mode="federated", server_round=1,
-                         proximal_mu=proximal_mu, device=device)
+    trace = StepTrace()
+    result = train_local(client, part, model.state_dict(), mode="federated", server_round=server_round,
+                         proximal_mu=proximal_mu, device=device, rows=rows, trace=trace,
+                         dp_noise_multiplier=party_dp_sgd_noise(settings, part))
     update = [
         g.detach() - w.detach().cpu()
         for g, w in zip(global_model.parameters(), result.model.parameters())
         if g.requires_grad
     ]
+    if settings.dp_fedavg == "client":  # Flower's fixedclipping_mod scales the whole update to norm <= C before sending
+        norm = float(torch.sqrt(sum(u.double().pow(2).sum() for u in update)))
+        update = [u * min(1.0, settings.dp_clipping_norm / max(norm, 1e-30)) for u in update]
+    if not trace.rows:
+        raise ValueError(f"no local step on a batch of {len(rows)}: BatchNorm1d cannot train on a single sample")
     lo, hi = valid_bounds(settings, part.spec)
+    first = trace.rows[0]  # the first step's rows in the order the party drew them (its dropout masks' order)
+    labels = part.labels[first] if len(first) == len(rows) else part.labels[rows]
     obs = GradientObservation(
-        model=global_model, update=update, labels=batch.labels, sample_shape=part.sample_shape,
-        batch_size=batch_size, local_steps=local_epochs * math.ceil(len(rows) / batch_size),
-        lr=client.client_lr, lo=lo, hi=hi,
-        weight_decay=client.weight_decay,
+        model=global_model, update=update, labels=labels, sample_shape=part.sample_shape,
+        batch_size=batch_size, local_steps=len(trace.rows), lr=client.client_lr, lo=lo, hi=hi,
+        weight_decay=client.weight_decay, bn_stats=(trace.bn_stats[0] or None) if trace.bn_stats else None,
+        dropout_masks=(trace.dropout_masks[0] or None) if trace.dropout_masks else None,
     )
-    return Case(party=part.party, observation=obs, truth=batch.x, rows=torch.arange(len(rows)),
-                align=lambda truth, estimate: match_within_labels(truth, estimate, batch.labels),
-                info={"batch_size": batch_size, "local_steps": obs.local_steps})
+    info = {"batch_size": batch_size, "local_steps": obs.local_steps, "round": server_round,
+            "step_rows": first.tolist()}
+    mix = trace.mixes[0] if trace.mixes else None
+    if mix is None:
+        return Case(party=part.party, observation=obs, truth=part.x[rows], rows=torch.arange(len(rows)),
+                    align=match_rows, info=info)
+    originals = mix.sources.unique()  # sorted rows of the partition that went into the first step's inputs
+    obs.mix_weights, obs.mix_sources = mix.weights, torch.searchsorted(originals, mix.sources)
+    obs.masked, obs.targets = mix.signs is not None, mix.y
+    return Case(party=part.party, observation=obs, truth=part.x[rows], rows=torch.searchsorted(originals, rows),
+                info={**info, "originals": len(originals)})
 
 
-def match_within_labels(x: torch.Tensor, x_hat: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Order a batch's reconstructions like the truth: labels are known, so only images that share
-    a label can be confused; those are matched by least squared error (Hungarian)."""
+def match_rows(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
+    """Order a batch's reconstructions like the truth: a gradient does not say which image is which, so each
+    victim is paired with a distinct reconstruction by least total squared error (Hungarian)."""
     from scipy.optimize import linear_sum_assignment
 
-    out = x_hat.clone()
-    for label in labels.unique():
-        rows = (labels == label).nonzero().squeeze(1)
-        if len(rows) < 2:
-            continue
-        cost = torch.cdist(x[rows].flatten(1).double(), x_hat[rows].flatten(1).double()).numpy()
-        _, cols = linear_sum_assignment(cost)
-        out[rows] = x_hat[rows[torch.from_numpy(cols)]]
-    return out
+    cost = torch.cdist(x.flatten(1).double(), x_hat.flatten(1).double()).pow(2).numpy()
+    _, cols = linear_sum_assignment(cost)
+    return x_hat[torch.from_numpy(cols)]

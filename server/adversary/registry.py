@@ -67,11 +67,22 @@ def _averaging(settings: Settings, **_) -> Attack:
     return Averaging()
 
 
-def _gradient(settings: Settings, gradient_steps: int = 1000, gradient_restarts: int = 2, gradient_tv: float = 1e-2,
-              **_) -> Attack:
+def _gradient(settings: Settings, public: torch.Tensor | None = None, gradient_steps: int = 1000,
+              gradient_restarts: int = 2, gradient_tv: float = 1e-2, gradient_alpha_bn: float = 1e-2,
+              gradient_labels: str = "known", realistic: bool = False, **_) -> Attack:
+    """The appendix's strongest attacker (BN_exact: the batch's BatchNorm statistics and dropout masks known) or,
+    `realistic`, BN_infer (the global model's running statistics as the prior, weight alpha_BN; dropout off)."""
     from .gradient import InvertingGradients
 
-    return InvertingGradients(gradient_steps, gradient_restarts, tv=gradient_tv, seed=settings.seed)
+    return InvertingGradients(
+        gradient_steps, gradient_restarts, tv=gradient_tv, seed=settings.seed, bn="infer" if realistic else "exact",
+        alpha_bn=gradient_alpha_bn, labels=gradient_labels, label_inputs=public,
+        dropout="replay" if realistic else "known",
+    )
+
+
+def _gradient_realistic(settings: Settings, **options) -> Attack:
+    return _gradient(settings, **{**options, "realistic": True})
 
 
 UPLOADS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none")
@@ -84,6 +95,7 @@ REGISTRY: dict[str, AttackSpec] = {
         AttackSpec("abs-solve", UPLOADS, _abs_solve),
         AttackSpec("averaging", UPLOADS[:-1], _averaging),
         AttackSpec("gradient", ("fedavg", "fedprox"), _gradient),
+        AttackSpec("gradient-realistic", ("fedavg", "fedprox"), _gradient_realistic),
     )
 }
 

@@ -38,7 +38,7 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
     """Attack `attack-victims` victims of each party with every configured attack."""
     s, t0 = ctx.settings, time.perf_counter()
     out_dir = Path(ctx.run_dir) / "adversary"
-    spec = datalib.spec(s.dataset)
+    spec = datalib.dataset_spec(s)
     to_unit = (lambda t: datalib.denormalize(t, spec)) if s.backbone == "none" else None  # features: SNR only
     public = public_samples(s, spec)  # pixels, or features of the parties' backbone
     public_mean = public.mean(dim=0)
@@ -69,7 +69,15 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
         except Exception as err:
             errors["unet"] = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
             del attacks["unet"]
+    progress = getattr(ctx, "progress", None)
+    if progress is not None:
+        progress.emit("attack-start", attacks=list(attacks), parties=len(cases),
+                      victims=sum(len(case.rows) for case in cases), tau=s.tau)
     outcome = attack_cases(cases, attacks, public_mean, to_unit, ctx.device, per_case=True)
+    if progress is not None:
+        for name, entry in outcome.summary.get("attacks", {}).items():
+            progress.emit("attack", attack=name, tau=s.tau, snr=entry["score"]["snr_mean"],
+                          gain=entry.get("gain", {}).get("snr_db"))
     per_party = {}
     for case, report in zip(cases, outcome.per_case):
         report.update({"n": case.observation.n_private, "victims": len(case.rows), "radius": case.radius,

@@ -24,6 +24,7 @@ from fedsmix.config import Settings, SettingsError
 from fedsmix.encoders import calibrate, data_statistics
 from fedsmix.metrics import score
 from fedsmix.party import Partition, calibrate_party, encode_partition, load_partition
+from fedsmix.progress import SILENT, Progress
 from fedsmix.runs import atomic_write_bytes, atomic_write_json
 from fedsmix.seeding import generator
 from fedsmix.space import to_space
@@ -58,7 +59,7 @@ def victim_partition(settings: Settings, victims: int, split: str = "test", resi
 
     resize > 0 upsamples pixels first (bilinear, antialiased), as the paper's 224 px preprocessing.
     """
-    raw = datalib.load_split(settings.dataset, split, settings.data_dir, settings.download)
+    raw = datalib.load_dataset(settings, split)
     rows = np.arange(min(victims, len(raw)))
     labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
     if not resize:
@@ -97,7 +98,7 @@ def victim_cases(settings: Settings, victims: int, split: str = "test", resize: 
 
 def sweep_label(settings: Settings, parties: int = 0) -> str:
     """The file stem of one sweep: data set, and where it differs from pixels/theorem/one party."""
-    parts = [settings.dataset]
+    parts = [datalib.dataset_key(settings)]
     if settings.backbone != "none":
         from fedsmix.features import input_size
 
@@ -110,7 +111,8 @@ def sweep_label(settings: Settings, parties: int = 0) -> str:
 
 
 def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, device: str = "cpu",
-              mmse_rank: int = 256, split: str = "test", resize: int = 0, log=print, parties: int = 0) -> dict:
+              mmse_rank: int = 256, split: str = "test", resize: int = 0, log=print, parties: int = 0,
+              progress: Progress = SILENT) -> dict:
     """One data set and radius mode: every tau, every attack; writes <label>-sweep.{json,md,csv} and figures.
 
     Where a backbone is set, victims, public data, attacks and scores all live in its feature space
@@ -143,7 +145,8 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
     best: dict[str, int] = {}
     # V and D do not depend on tau: estimate them once per party (a minute at 224 px), as calibrate_party would
     stats = [data_statistics(part.x, generator(settings.seed, part.party, "calibrate")) for part, _ in cases]
-    for tau in sorted(taus, reverse=True):  # the figure shows the victim recovered best at the largest tau
+    ordered, t_taus = sorted(taus, reverse=True), time.perf_counter()
+    for index, tau in enumerate(ordered, start=1):  # the figure shows the victim recovered best at the largest tau
         st = settings.replace(tau=tau)
         calibrations = [calibrate(stat, tau, st.alpha) if st.radius_mode == "theorem" else calibrate_party(st, part)
                         for stat, (part, _) in zip(stats, cases)]
@@ -189,6 +192,10 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
         log(f"[{label}] tau={tau:g} r={record['radius']:.4g} bound={record['snr-bound']:.3g} "
             + " ".join(f"{n}={e['score']['snr_mean']:.2f}dB({seconds[n]:.0f}s)" for n, e in report["attacks"].items())
             + (f" trivial={report['trivial']['snr_mean']:.2f}dB" if "trivial" in report else ""))
+        elapsed = time.perf_counter() - t_taus
+        progress.emit("tau", label=label, tau=tau, index=index, of=len(ordered), radius=record["radius"],
+                      snr={n: e["score"]["snr_mean"] for n, e in report["attacks"].items()},
+                      elapsed=round(elapsed, 3), eta=round(elapsed / index * (len(ordered) - index), 3))
         atomic_write_json(out_dir / f"{label}-sweep.json", result)  # partial results survive a timeout
         del estimates, outcome
     result["files"] = write_sweep_tables(out_dir, result) + write_sweep_figures(out_dir, result, panels, best, to_unit)
