@@ -6,7 +6,8 @@ party's step is the very function the ClientApp calls, and FedAvg/FedProx aggreg
 FedAvg does (example-weighted mean of every array), so a run here reproduces a simulation's numbers
 up to floating-point order (tests/test_runner.py checks that on digits). What it cannot give is wire
 bytes: it reports the payload bytes of the arrays each message would carry, and says so. It has no
-upload validation, store or adversary.
+message validation, store or adversary; the plausibility checks of well-formed uploads run as in the
+ServerApp (server/plausibility.py: numpy only).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from fedsmix.progress import SILENT, Progress
 from fedsmix.runs import atomic_write_json, new_run_dir
 from fedsmix.space import load_test, load_train_all, mixing_shape
 from fedsmix.training import state_digest
+from server.plausibility import examine, quarantine
 
 PAYLOAD = "array payload (direct engine, no wire framing)"
 
@@ -65,19 +67,30 @@ def epoch_reporter(settings: Settings, progress: Progress, test, device: str, cu
 
 def mixup_union(settings: Settings, num_parties: int, test, device: str, progress: Progress = SILENT) -> dict:
     t0 = time.perf_counter()
-    xs, ys, parties, partitions = [], [], {}, {}
+    xs, ys, parties, partitions, evidence = {}, {}, {}, {}, []
     for party in range(num_parties):
         upload = prepare_upload(settings, party, num_parties)
-        xs.append(upload.arrays["x"])
-        ys.append(upload.arrays["y"])
+        xs[party], ys[party] = upload.arrays["x"], upload.arrays["y"]
         parties[party] = {**upload.metrics, "upload-bytes": upload.nbytes}
         partitions[party] = upload.partition
         progress.emit("upload", party=party, done=party + 1, of=num_parties, rows=len(upload.arrays["y"]),
                       **{"encode-seconds": upload.metrics.get("encode-seconds")})
+        if settings.plausibility:
+            evidence.append(examine(party, xs[party], ys[party], upload.metrics, settings))
         del upload
+    quarantined = quarantine(evidence, settings) if settings.plausibility else []
+    for verdict in quarantined:  # not used: the run goes on without them
+        for held in (xs, ys, parties, partitions):
+            held.pop(verdict["party"])
+    if len(parties) < settings.min_parties:
+        raise ValueError(
+            f"mixup-union: only {len(parties)} valid parties remain; min-parties is {settings.min_parties} "
+            f"(quarantined: {quarantined})"
+        )
     t_upload = time.perf_counter() - t0
-    x, y = np.concatenate(xs), np.concatenate(ys)
-    rows = np.repeat(np.arange(num_parties), [len(a) for a in ys])
+    used = sorted(parties)
+    x, y = np.concatenate([xs[p] for p in used]), np.concatenate([ys[p] for p in used])
+    rows = np.repeat(np.array(used), [len(ys[p]) for p in used])
     del xs, ys
     shape, num_classes = mixing_shape(settings), datalib.dataset_spec(settings).num_classes
     union = Union(x, y, rows, *union_statistics(list(parties.values()), math.prod(shape), settings.encoder))
@@ -96,8 +109,8 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
         "accuracy": metrics["accuracy"], "test-loss": metrics["loss"], "trainer": selection.chosen,
         "selection": {"validation-accuracy": selection.validation, "held-out-rows": selection.held_out,
                       "noise-var": union.noise_var, "mix-scale": union.mix_scale},
-        "parties-used": num_parties, "union-size": len(x), "radius-mode": settings.radius_mode, "tau": settings.tau,
-        "parties": {str(p): v for p, v in parties.items()}, "dropped": [], "rejected": [],
+        "parties-used": len(parties), "union-size": len(x), "radius-mode": settings.radius_mode, "tau": settings.tau,
+        "parties": {str(p): v for p, v in parties.items()}, "dropped": [], "rejected": [], "quarantined": quarantined,
         "upload-seconds": t_upload, "train-seconds": selection.report.get("seconds"),
         "epochs": selection.report.get("epochs", 0), "weights-sha256": state_digest(selection.model),
     }
@@ -174,7 +187,7 @@ def federated(
                 device=device,
             )
             replies.append((result.state(), result.num_examples))
-        state = aggregate(state, replies)
+        state = aggregate(settings, state, replies)
         model.load_state_dict(state)
         accuracy = test_accuracy(model, test, device)["accuracy"]
         elapsed = time.perf_counter() - t0
@@ -186,6 +199,7 @@ def federated(
     return {
         "accuracy": curve[-1]["accuracy"],
         "proximal-mu": mu,
+        "aggregation": settings.aggregation,
         "rounds": settings.rounds,
         "local-epochs": settings.local_epochs,
         "curve": curve,
@@ -200,8 +214,13 @@ def federated(
     }
 
 
-def aggregate(state: dict[str, torch.Tensor], replies: list[tuple[dict, int]]) -> dict[str, torch.Tensor]:
-    """Flower's FedAvg: the example-weighted mean of every array, in party order."""
+def aggregate(settings: Settings, state: dict[str, torch.Tensor], replies: list[tuple[dict, int]]) -> dict:
+    """Flower's FedAvg: the example-weighted mean of every array, in party order. Another `aggregation`
+    runs Flower's own aggregator (strategies/fedprox.py: this needs Flower installed)."""
+    if settings.aggregation != "fedavg":
+        from strategies.fedprox import aggregate_states
+
+        return aggregate_states(settings, replies, state)
     total = sum(n for _, n in replies)
     return {key: sum(r[key].double() * (n / total) for r, n in replies).to(value.dtype) for key, value in state.items()}
 

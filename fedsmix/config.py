@@ -23,13 +23,22 @@ ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "non
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
 TRAINERS = ("auto", "mlp", "mlp-recal", "ridge", "ridge-eiv", "lda", "lda-public")
 ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient", "gradient-realistic")
-# fault injection (clients/faults.py): a party raises or stalls, the server's central training is
-# interrupted after an epoch, or a party sends one kind of bad upload
+# fault injection (fedsmix/faults.py): a party raises or stalls, the server's central training is
+# interrupted after an epoch, a party sends one kind of malformed upload (the server's validation
+# rejects it), or a well-formed but dishonest one (issue 21: what plausibility checks, robust training
+# and robust aggregation are for)
 FAULT_FAILURES = ("raise", "timeout", "interrupt")
 FAULT_CORRUPTIONS = (
     "nan", "inf", "shape", "dtype", "negative-labels", "label-sum", "class-count", "empty",
     "oversized", "duplicate", "missing-key", "extra-key", "count-mismatch",
 )
+# scale: encoded inputs (mixup-union) or the model update (FedAvg/FedProx) times fault-scale; garbage:
+# random inputs with the upload's per-coordinate mean and spread; label-flip: classes permuted (in the
+# upload, or in the party's FedAvg/FedProx training); replay: another party's upload re-sent;
+# sign-flip: the model update negated (FedAvg/FedProx)
+FAULT_DISHONEST = ("scale", "garbage", "label-flip", "replay", "sign-flip")
+AGGREGATIONS = ("fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum", "bulyan")
+ROBUST_TRAINING = ("off", "clip", "trim")
 
 
 class SettingsError(ValueError):
@@ -57,7 +66,7 @@ def _floats(value: Any) -> tuple[float, ...]:
 
 def parse_faults(spec: str) -> dict[str, set[int]]:
     """'kind:ids;kind:ids' -> {kind: ids}: known kinds, integer ids (party ids; an epoch for interrupt)."""
-    allowed = FAULT_FAILURES + FAULT_CORRUPTIONS
+    allowed = FAULT_FAILURES + FAULT_CORRUPTIONS + FAULT_DISHONEST
     faults: dict[str, set[int]] = {}
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         kind, _, ids = (s.strip() for s in part.partition(":"))
@@ -146,12 +155,24 @@ class Settings(BaseModel):
     dp_noise_multiplier: float = Field(1.0, gt=0, description="DP-FedAvg: noise std / clipping norm")
     dp_clipping_norm: float = Field(1.0, gt=0, description="DP-FedAvg: bound on each party's update norm")
     dp_delta: float = Field(1e-5, gt=0, lt=1, description="delta of both DP guarantees (DP-FedAvg, DP-SGD)")
+    # issue 21: the server side of FedAvg/FedProx, one of Flower's aggregators (strategies/fedprox.py)
+    aggregation: Literal[AGGREGATIONS] = "fedavg"  # type: ignore[valid-type]
+    trimmed_beta: float = Field(0.2, ge=0, lt=0.5, description="fedtrimmedavg: fraction cut at each end")
+    malicious_parties: int = Field(1, ge=0, description="krum, multikrum, bulyan: the f they tolerate")
     # parties, reliability
     min_parties: int = Field(2, ge=2)
     reply_timeout: float = Field(600.0, gt=0)
     max_upload_mb: float = Field(512.0, gt=0)
     max_upload_samples: int = Field(1_000_000, ge=1)
     fault: str = Field("", description="fault injection, e.g. 'raise:1' or 'timeout:0,2'")
+    fault_scale: float = Field(100.0, description="the factor of fault 'scale'")
+    # issue 21: plausibility checks of well-formed uploads (server/plausibility.py) and robust central
+    # training (fedsmix/central.py) for what they cannot decide
+    plausibility: bool = Field(True, description="quarantine uploads that fail the plausibility checks")
+    robust_training: Literal[ROBUST_TRAINING] = "clip"  # type: ignore[valid-type]
+    robust_trim: float = Field(0.1, ge=0, lt=0.5, description="robust-training trim: batch fraction dropped")
+    # clip: rows beyond 3x the union's median distance pulled in (none of an honest union's, measured); trim: a
+    # trimmed loss; off
     # adversary (simulation only)
     adversary: tuple[str, ...] = ()
     attack_victims: int = Field(200, ge=1)
@@ -226,6 +247,15 @@ class Settings(BaseModel):
             raise ValueError("dataset-mean and dataset-std: give both, one value per channel")
         if any(v <= 0 for v in self.dataset_std):
             raise ValueError(f"dataset-std: every value must be > 0, got {self.dataset_std}")
+        return self
+
+    @model_validator(mode="after")
+    def _dp_fedavg_averages(self) -> Settings:
+        if self.dp_fedavg != "off" and self.aggregation != "fedavg":
+            raise ValueError(
+                f"aggregation {self.aggregation!r} with dp-fedavg {self.dp_fedavg!r}: DP-FedAvg's noise and accountant "
+                "assume the clipped updates are averaged; use aggregation 'fedavg'"
+            )
         return self
 
     @model_validator(mode="after")

@@ -4,6 +4,12 @@
 timeout and party 3 upload NaNs. Corruptions exercise the server's upload validation
 through the real message path; they never touch honest parties. `interrupt:E` stops the
 server's central training after epoch E, as a crash would (resume with `resume=<run dir>`).
+
+Dishonest parties (issue 21) send well-formed uploads that pass every validation check:
+`scale:P` (encoded inputs times `fault-scale`), `garbage:P` (random inputs with the upload's own
+per-coordinate mean and spread, labels kept), `label-flip:P` (classes permuted by a derangement),
+`replay:P` (another party's upload, fedsmix.party.replayed_upload). In FedAvg/FedProx `scale:P`
+scales and `sign-flip:P` negates the model update, and `label-flip:P` trains on permuted classes.
 """
 
 from __future__ import annotations
@@ -11,9 +17,13 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 
 from fedsmix.config import FAULT_CORRUPTIONS as CORRUPTIONS
 from fedsmix.config import parse_faults as parse
+
+UPLOAD_FAULTS = ("scale", "garbage", "label-flip", "replay")  # well-formed, dishonest uploads
+UPDATE_FAULTS = ("scale", "sign-flip")  # dishonest FedAvg/FedProx model updates
 
 
 class InjectedFault(RuntimeError):
@@ -46,20 +56,73 @@ def interrupt_after(spec: str):
     return on_epoch
 
 
-def corruption(spec: str, party: int) -> str | None:
+def listed(spec: str, party: int, kinds: tuple[str, ...]) -> str | None:
+    """The first of `kinds` that the fault spec lists this party for, or None."""
     if not spec:
         return None
     for kind, parties in parse(spec).items():
-        if kind in CORRUPTIONS and party in parties:
+        if kind in kinds and party in parties:
             return kind
     return None
 
 
-def corrupt(kind: str, arrays: dict[str, np.ndarray], metrics: dict) -> tuple[dict[str, np.ndarray], dict]:
-    """Return a dishonest version of an upload (a copy: the honest one is untouched)."""
+def corruption(spec: str, party: int) -> str | None:
+    """What this party does to its mixup-union upload (a malformed or a dishonest kind), or None."""
+    return listed(spec, party, CORRUPTIONS + UPLOAD_FAULTS)
+
+
+def derangement(n: int, generator: torch.Generator) -> np.ndarray:
+    """A uniformly random permutation of n classes without a fixed point (every class moves)."""
+    while True:
+        perm = torch.randperm(n, generator=generator).numpy()
+        if not (perm == np.arange(n)).any():
+            return perm
+
+
+def flip_classes(y, generator: torch.Generator):
+    """Labels (one-hot or soft, numpy or torch) with their classes permuted: column j holds class perm[j]."""
+    perm = derangement(y.shape[1], generator)
+    return y[:, torch.from_numpy(perm)] if isinstance(y, torch.Tensor) else y[:, perm]
+
+
+def falsify_update(
+    kind: str, state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor], scale: float
+) -> dict[str, torch.Tensor]:
+    """A dishonest FedAvg/FedProx reply: the update (trained minus received weights) scaled or negated,
+    in every floating-point entry of the state (integer counters are sent as trained)."""
+    factor = -1.0 if kind == "sign-flip" else scale
+    out = {}
+    for key, value in state.items():
+        if value.is_floating_point():
+            base = reference[key].to(value.dtype)
+            out[key] = base + factor * (value - base)
+        else:
+            out[key] = value
+    return out
+
+
+def corrupt(
+    kind: str,
+    arrays: dict[str, np.ndarray],
+    metrics: dict,
+    scale: float = 100.0,
+    generator: torch.Generator | None = None,
+) -> tuple[dict[str, np.ndarray], dict]:
+    """Return a dishonest version of an upload (a copy: the honest one is untouched). `scale` and
+    `generator` (the party's own "fault" stream) serve the kinds that need them."""
     x, y, metrics = arrays["x"].copy(), arrays["y"].copy(), dict(metrics)
     extra: dict[str, np.ndarray] = {}
-    if kind == "nan":
+    if kind in ("garbage", "label-flip") and generator is None:
+        raise ValueError(f"fault {kind!r} needs the party's generator")
+    if kind == "scale":
+        x = (x.astype(np.float64) * scale).astype(x.dtype)
+    elif kind == "garbage":  # the upload's own per-coordinate mean and spread: a plausible scale
+        flat = x.reshape(len(x), -1).astype(np.float64)
+        noise = torch.randn(flat.shape, generator=generator, dtype=torch.float64).numpy()
+        x = (flat.mean(0) + flat.std(0) * noise).astype(x.dtype).reshape(x.shape)
+    elif kind == "label-flip":
+        y = np.ascontiguousarray(flip_classes(y, generator))
+    elif kind == "nan":
         x.reshape(-1)[0] = np.nan
     elif kind == "inf":
         x.reshape(-1)[-1] = np.inf

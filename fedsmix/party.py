@@ -29,7 +29,7 @@ from .encoders import (
     encode,
     fixed_radius,
 )
-from .faults import corrupt, corruption
+from .faults import UPDATE_FAULTS, corrupt, corruption, falsify_update, flip_classes, listed
 from .models import new_classifier
 from .partition import partition_indices
 from .seeding import generator
@@ -189,9 +189,24 @@ def prepare_upload(settings: Settings, party: int, num_parties: int) -> Upload:
         "snr-empirical": empirical_snr(part.x, enc),
         "encode-seconds": time.perf_counter() - t0,
     }
-    if kind := corruption(settings.fault, party):  # fault injection: a dishonest party
-        arrays, metrics = corrupt(kind, arrays, metrics)
+    kind = corruption(settings.fault, party)  # fault injection: a dishonest party
+    if kind == "replay":
+        arrays, metrics = replayed_upload(settings, party, num_parties)
+    elif kind:
+        arrays, metrics = corrupt(kind, arrays, metrics, settings.fault_scale, generator(settings.seed, party, "fault"))
     return Upload(arrays, metrics, part, enc, cal)
+
+
+def replayed_upload(settings: Settings, party: int, num_parties: int) -> tuple[dict[str, np.ndarray], dict]:
+    """Fault `replay`: what party `party` sends instead of its own upload, the upload of the party before it.
+
+    In a simulation a party cannot read another's upload, so it re-encodes the neighbour's partition with the
+    neighbour's seed: the bytes are the neighbour's honest upload exactly. In a real attack this is a colluding
+    party's copy (or an eavesdropped one). Only the party id is its own; every reported statistic is copied.
+    """
+    source = (party - 1) % num_parties
+    honest = prepare_upload(settings.replace(fault=""), source, num_parties)
+    return honest.arrays, {**honest.metrics, "party": party}
 
 
 def samples_of_rows(settings: Settings, part: Partition, rows: np.ndarray) -> np.ndarray:
@@ -275,11 +290,16 @@ def train_local(
         reference = [p.detach().clone() for p in model.parameters()]  # the global weights, before training
     else:
         raise ValueError(f"mode: unknown {mode!r}; allowed: local-only, federated")
+    targets = part.one_hot()
+    if mode == "federated" and listed(settings.fault, part.party, ("label-flip",)):  # fault: permuted classes
+        targets = flip_classes(targets, generator(settings.seed, part.party, "fault"))
     torch.manual_seed(settings.seed + part.party)
-    report = train(model, part.x, part.one_hot(), cfg, generator(settings.seed, *purpose), proximal_reference=reference,
+    report = train(model, part.x, targets, cfg, generator(settings.seed, *purpose), proximal_reference=reference,
                    rows=rows, trace=trace, on_epoch=on_epoch)
     if mode == "federated" and settings.prune_ratio > 0:
         prune_update(model, reference, settings.prune_ratio)
+    if mode == "federated" and (kind := listed(settings.fault, part.party, UPDATE_FAULTS)):  # last: what it sends
+        model.load_state_dict(falsify_update(kind, model.state_dict(), global_state, settings.fault_scale))
     return LocalResult(model, report, len(part.labels) if rows is None else len(rows))
 
 

@@ -47,6 +47,7 @@ class TrainConfig:
     dp_max_grad_norm: float = 1.0
     dp_epochs: int = 1  # epochs the DP-SGD budget covers (rounds x local epochs: every round spends its share)
     dp_noise_multiplier: float | None = None  # a replay of one step: the party's own sigma instead of solving
+    trim: float = 0.0  # robust loss (issue 21): drop this fraction of each batch's largest per-sample losses
 
 
 def train_config(
@@ -208,9 +209,17 @@ def _private(model: nn.Module, optimizer, cfg: TrainConfig, rows: torch.Tensor, 
     return private, optimizer, loader
 
 
-def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Paper eq. (7): -(y * log_softmax(o)).sum(1).mean(); equals CE for one-hot targets."""
-    return -(targets * torch.log_softmax(logits, dim=1)).sum(dim=1).mean()
+def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, trim: float = 0.0) -> torch.Tensor:
+    """Paper eq. (7): -(y * log_softmax(o)).sum(1).mean(); equals CE for one-hot targets.
+
+    `trim` > 0: the mean over the batch's samples without its `trim` fraction of largest losses (trimmed
+    loss minimisation, Shen & Sanghavi 2019: samples the model cannot fit, such as mislabelled or
+    corrupted rows, stop pulling on it)."""
+    losses = -(targets * torch.log_softmax(logits, dim=1)).sum(dim=1)
+    if trim > 0:
+        keep = max(1, len(losses) - int(trim * len(losses)))
+        losses = torch.topk(losses, keep, largest=False, sorted=False).values
+    return losses.mean()
 
 
 def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tensor:
@@ -339,7 +348,7 @@ def train(
                 trace.step(index, mix, xb, yb)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
                 logits = forward(xb)
-            loss = soft_cross_entropy(logits.float(), yb)
+            loss = soft_cross_entropy(logits.float(), yb, cfg.trim)
             if reference is not None:
                 loss = loss + 0.5 * cfg.proximal_mu * proximal_term(model, reference)
             optimizer.zero_grad(set_to_none=True)

@@ -22,16 +22,20 @@ def _pct(value: Any) -> str:
 
 
 def party_problems(results: dict[str, Any]) -> list[tuple[str, ...]]:
-    """One row per dropped party, rejected upload or discarded stored upload, in every strategy."""
+    """One row per dropped party, rejected or quarantined upload or discarded stored upload, in every strategy
+    (a quarantined upload's `field` column names the plausibility check it failed)."""
     rows = []
+    kinds = (("dropped", "dropped"), ("rejected", "rejected"), ("quarantined", "quarantined"),
+             ("discarded", "discarded-uploads"))
     for name, res in results.get("strategies", {}).items():
-        for kind, key in (("dropped", "dropped"), ("rejected", "rejected"), ("discarded", "discarded-uploads")):
+        for kind, key in kinds:
             for rec in res.get(key) or []:
                 party = rec.get("party")
                 rows.append(
                     (
                         name, kind, "?" if party is None else str(party), str(rec.get("node", "-")),
-                        str(rec.get("round", "-")), str(rec.get("field", "-")), str(rec.get("reason", "")),
+                        str(rec.get("round", "-")), str(rec.get("field", rec.get("check", "-"))),
+                        str(rec.get("reason", "")),
                     )
                 )
     return rows
@@ -50,13 +54,14 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
         "parties used",
         "dropped",
         "rejected",
+        "quarantined",
         "bytes up/party",
         "wall s",
     ):
         table.add_column(col, justify="right" if col != "strategy" else "left")
     for name, res in results.get("strategies", {}).items():
         if "error" in res:
-            table.add_row(name, "failed", "", "", "", "", "", "", "", style="red")
+            table.add_row(name, "failed", "", "", "", "", "", "", "", "", style="red")
             continue
         per_party = res.get("per-party-accuracy") or {}
         spread = (
@@ -72,14 +77,15 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             str(res.get("parties-used", "-")),
             str(len(res.get("dropped", []))),
             str(len(res.get("rejected", []))),
+            str(len(res.get("quarantined") or [])),
             f"{res.get('mean-bytes-up-per-party', 0):,.0f}",
             f"{res.get('wall-seconds', 0):.1f}",
         )
     console.print(table)
     problems = party_problems(results)
     if problems:
-        lost = Table(title="parties dropped (raised or timed out) and uploads rejected")
-        for col in ("strategy", "what", "party", "node", "round", "field", "reason"):
+        lost = Table(title="parties dropped (raised or timed out), uploads rejected or quarantined (implausible)")
+        for col in ("strategy", "what", "party", "node", "round", "field / check", "reason"):
             lost.add_column(col)
         for row in problems:
             lost.add_row(*row)

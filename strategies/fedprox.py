@@ -3,28 +3,42 @@
 Flower's FedProx sends `proximal-mu` to the parties; the client adds (mu/2)||w - w_global||^2.
 The subclass only adds what a long run needs: a bounded wait instead of Flower's endless one,
 a record of parties that dropped (and in which round), and an abort when too few remain.
+
+The server side is any of Flower's aggregators (`aggregation`: fedavg, fedmedian, fedtrimmedavg,
+krum, multikrum, bulyan; issue 21). FedProx's client side is the proximal term, its server side only
+sends mu: `strategy_class` puts Flower's aggregator after FedProx in the class order, so FedProx's
+configure_train (mu) and the aggregator's aggregate_train (median, trimmed mean, Krum selection, ...)
+both run unchanged. Krum/MultiKrum/Bulyan assume `malicious-parties` = f; MultiKrum averages the n - f
+best-scored updates; FedTrimmedAvg cuts `trimmed-beta` at each end.
 With `dp-fedavg` it runs inside Flower's own DP wrapper (strategies/dp_fedavg.py): every sampled party
 must then reply, and the rounds it aggregated are the releases the accountant counts.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp.strategy import FedProx
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedProx, FedTrimmedAvg, Krum, MultiKrum
 
 from fedsmix import data as datalib
 from fedsmix.central import test_accuracy
+from fedsmix.config import Settings
 from fedsmix.models import new_classifier
 from fedsmix.seeding import derive_seed
 from fedsmix.space import mixing_shape
 from server.context import RunAborted, RunContext
 from strategies import dp_fedavg
 from strategies.common import bytes_summary, split_replies
+
+AGGREGATORS = {
+    "fedavg": FedAvg, "fedmedian": FedMedian, "fedtrimmedavg": FedTrimmedAvg,
+    "krum": Krum, "multikrum": MultiKrum, "bulyan": Bulyan,
+}
 
 
 class ReportingFedProx(FedProx):
@@ -82,6 +96,28 @@ class ReportingFedProx(FedProx):
         return arrays, metrics
 
 
+def strategy_class(aggregation: str) -> type[ReportingFedProx]:
+    """ReportingFedProx with Flower's `aggregation` aggregator as its server side."""
+    if aggregation not in AGGREGATORS:
+        raise ValueError(f"aggregation: unknown {aggregation!r}; allowed: {', '.join(AGGREGATORS)}")
+    if aggregation == "fedavg":
+        return ReportingFedProx
+    aggregator = AGGREGATORS[aggregation]
+    return type(f"ReportingFedProx{aggregator.__name__}", (ReportingFedProx, aggregator), {})
+
+
+def aggregator_options(settings: Settings, sampled: int) -> dict:
+    """The aggregator's own parameters (set after construction: FedProx's __init__ passes only the shared ones)."""
+    if settings.aggregation == "fedtrimmedavg":
+        return {"beta": settings.trimmed_beta}
+    if settings.aggregation in ("krum", "bulyan"):
+        return {"num_malicious_nodes": settings.malicious_parties}
+    if settings.aggregation == "multikrum":
+        f = settings.malicious_parties
+        return {"num_malicious_nodes": f, "num_nodes_to_select": max(1, sampled - f)}
+    return {}
+
+
 def run(ctx: RunContext, mu: float | None = None) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     mu = s.proximal_mu if mu is None else mu
@@ -90,7 +126,7 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
     model = new_classifier(s, mixing_shape(s), num_classes)
     dp = s.dp_fedavg != "off"
     sampled = dp_fedavg.sampled_per_round(s, parties)
-    strategy = ReportingFedProx(
+    strategy = strategy_class(s.aggregation)(
         ctx,
         dp_sample=sampled if dp else 0,
         fraction_train=s.fraction_train,
@@ -100,6 +136,8 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
         proximal_mu=mu,
         weighted_by_key="equal-weight" if dp else "num-examples",
     )
+    for name, value in aggregator_options(s, sampled).items():
+        setattr(strategy, name, value)
     runner = dp_fedavg.wrap(strategy, s, sampled) if dp else strategy
     if dp:  # Flower draws the DP noise from numpy's global generator: seeded, a run is replayable
         np.random.seed(derive_seed(s.seed, "dp-fedavg-noise") % 2**32)
@@ -142,6 +180,7 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
     return {
         "accuracy": final,
         "proximal-mu": mu,
+        "aggregation": s.aggregation,
         "rounds": s.rounds,
         "local-epochs": s.local_epochs,
         "curve": curve,
@@ -159,3 +198,35 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
 
 def run_fedavg(ctx: RunContext) -> dict:
     return run(ctx, mu=0.0)
+
+
+class _Reply:
+    """What Flower's aggregate_train reads of a reply: its content, and that it is no error."""
+
+    def __init__(self, content: RecordDict):
+        self.content = content
+
+    def has_error(self) -> bool:
+        return False
+
+
+def aggregate_states(settings: Settings, replies: list[tuple[dict, int]], previous: dict) -> dict:
+    """Flower's `aggregation` aggregator on (state dict, num-examples) pairs in party order, outside a run
+    (the Flower-free engine's FedAvg/FedProx with a robust aggregator); `previous` when it declines (Bulyan
+    with fewer than 4f + 3 replies)."""
+    strategy = AGGREGATORS[settings.aggregation]()
+    for name, value in aggregator_options(settings, len(replies)).items():
+        setattr(strategy, name, value)
+    contents = [
+        _Reply(RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord({"num-examples": n})}))
+        for state, n in replies
+    ]
+    flower = logging.getLogger("flwr")
+    level, _ = flower.level, flower.setLevel(logging.WARNING)  # no per-round INFO lines outside a Flower run
+    try:
+        arrays, _ = strategy.aggregate_train(0, contents)
+    finally:
+        flower.setLevel(level)
+    if arrays is None:
+        return previous
+    return {key: value.to(previous[key].dtype) for key, value in arrays.to_torch_state_dict().items()}

@@ -31,6 +31,7 @@ from fedsmix.runs import atomic_write_bytes
 from fedsmix.space import mixing_shape
 from fedsmix.training import CheckpointMismatch, state_digest
 from server.context import RunContext
+from server.plausibility import Evidence, examine, quarantine
 from server.store import UploadStore
 from server.validation import Expectation, UploadRejected, validate_upload
 from strategies.common import (
@@ -56,13 +57,16 @@ def expectation(ctx: RunContext) -> Expectation:
 
 def collect_uploads(
     ctx: RunContext, replies, store: UploadStore, nodes: list[int]
-) -> tuple[dict, list[dict], list[dict]]:
+) -> tuple[dict, list[dict], list[dict], list[dict]]:
     """Validate and store each reply as it arrives; a bad upload is rejected with its reason, the rest go on.
+    Then the plausibility checks (server/plausibility.py): a well-formed upload that fails one is quarantined
+    (kept on disk, not used) with the check and the reason.
 
     A party whose upload the store already holds (resumed run) answers with a stub; it is used
     from disk. Each reply is dropped once stored, so the server never holds more than one.
     """
     expect, parties, rejected, dropped = expectation(ctx), {}, [], []
+    evidence: dict[int, Evidence] = {}
     stored, seen, answered = set(store.parties()), set(store.parties()), set()
     for reply in replies:
         node = source_node(ctx, reply, nodes)
@@ -107,11 +111,31 @@ def collect_uploads(
         parties[upload.party] = {**upload.metrics, "node": node, "upload-bytes": upload.nbytes}
         ctx.progress.emit("upload", party=upload.party, done=len(parties), of=len(nodes), rows=len(upload.x),
                           **{"encode-seconds": upload.metrics.get("encode-seconds")})
+        if ctx.settings.plausibility:
+            evidence[upload.party] = examine(upload.party, upload.x, upload.y, upload.metrics, ctx.settings)
         del upload
     dropped += unanswered(ctx, nodes, answered)
     for party in stored - set(parties):  # stored, but its node did not answer this time: still used
         parties[party] = {**store.manifest[str(party)]["metrics"], "from-store": True}
-    return parties, rejected, dropped
+    quarantined = plausibility(ctx, store, parties, evidence) if ctx.settings.plausibility else []
+    return parties, rejected, dropped, quarantined
+
+
+def plausibility(ctx: RunContext, store: UploadStore, parties: dict, evidence: dict[int, Evidence]) -> list[dict]:
+    """Run the cross-party checks on every valid upload, in the order the uploads arrived (the manifest's:
+    a resumed run reads the stored ones back), and take the quarantined parties out of `parties`."""
+    order = [int(p) for p in store.manifest if int(p) in parties]
+    for party in order:
+        if party not in evidence:  # from the store (resumed run): memory-mapped, read once
+            entry = store.manifest[str(party)]
+            x = np.load(store.root / entry["x"]["file"], mmap_mode="r")
+            y = np.load(store.root / entry["y"]["file"])
+            evidence[party] = examine(party, x, y, entry["metrics"], ctx.settings)
+    verdicts = quarantine([evidence[p] for p in order], ctx.settings)
+    for verdict in verdicts:
+        node = parties.pop(verdict["party"]).get("node")
+        verdict.update({"node": node} if node is not None else {})
+    return verdicts
 
 
 def reopen_store(ctx: RunContext) -> tuple[UploadStore, list[dict]]:
@@ -136,10 +160,11 @@ def run(ctx: RunContext) -> dict:
     messages = [
         Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.encode") for node in nodes
     ]
-    parties, rejected, dropped = collect_uploads(ctx, ctx.stream_replies(messages), store, nodes)
+    parties, rejected, dropped, quarantined = collect_uploads(ctx, ctx.stream_replies(messages), store, nodes)
     t_upload = time.perf_counter() - t0
     require_parties(
-        ctx, len(parties), "mixup-union", dropped=dropped, rejected=rejected, **{"discarded-uploads": discarded}
+        ctx, len(parties), "mixup-union", dropped=dropped, rejected=rejected, quarantined=quarantined,
+        **{"discarded-uploads": discarded},
     )
     used = sorted(parties)
     x, y = store.union(used)
@@ -184,6 +209,7 @@ def run(ctx: RunContext) -> dict:
         "parties": {str(p): v for p, v in sorted(parties.items())},
         "dropped": dropped,
         "rejected": rejected,
+        "quarantined": quarantined,
         "discarded-uploads": discarded,
         "upload-seconds": t_upload,
         "train-seconds": report.get("seconds"),

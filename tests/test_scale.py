@@ -140,37 +140,46 @@ def expectation_for(settings):
 
 
 def upload_reply(party: int, rows: int) -> Message:
+    """A plausible upload of encoder `none` (one-hot labels; V, D and c those of standard normal rows)."""
     ins = Message(RecordDict({}), dst_node_id=100 + party, message_type="query.encode")
     x = np.random.default_rng(party).standard_normal((rows, 1, 8, 8), dtype=np.float32)
-    upload = ArrayRecord({"x": Array(x), "y": Array(np.full((rows, 10), 0.1, np.float32))})
-    return Message(
-        RecordDict({"upload": upload, "metrics": MetricRecord({"party": party, "num-examples": rows})}), reply_to=ins
-    )
+    y = np.eye(10, dtype=np.float32)[np.arange(rows) % 10]
+    upload = ArrayRecord({"x": Array(x), "y": Array(y)})
+    report = {"party": party, "num-examples": rows, "alpha": 0.7, "tau": 1.0, "radius": 0.0, "V": 64.0,
+              "D": 128**0.5, "c": 1.0}
+    return Message(RecordDict({"upload": upload, "metrics": MetricRecord(report)}), reply_to=ins)
 
 
-def peak_while_collecting(tmp_path, parties: int, rows: int) -> float:
-    settings = load_settings({"preset": "configs/quickstart.yaml"})
+def peak_while_collecting(tmp_path, parties: int, rows: int, checks: bool) -> float:
+    settings = load_settings({"preset": "configs/quickstart.yaml", "encoder": "none", "plausibility": checks})
     ctx = RunContext(settings=settings, grid=None, run_dir=tmp_path, device="cpu")
-    store = UploadStore(tmp_path / f"uploads-{parties}")
+    store = UploadStore(tmp_path / f"uploads-{parties}-{checks}")
     replies = (upload_reply(party, rows) for party in range(parties))  # on demand, as Flower's pull hands them over
     tracemalloc.start()
     try:
-        used, rejected, dropped = collect_uploads(ctx, replies, store, [100 + p for p in range(parties)])
+        used, rejected, dropped, quarantined = collect_uploads(ctx, replies, store, [100 + p for p in range(parties)])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert sorted(used) == list(range(parties)) and not rejected and not dropped
+    assert sorted(used) == list(range(parties)) and not rejected and not dropped and not quarantined
     x, _ = store.union()
     assert isinstance(x.parts[0], np.memmap) and len(x) == parties * rows  # training reads from disk
     return peak
 
 
 def test_the_server_holds_one_upload_at_a_time(tmp_path):
-    """Replies are validated, stored and dropped as they arrive: peak memory does not grow with their number."""
+    """Replies are validated, stored and dropped as they arrive: peak memory does not grow with their number.
+    The plausibility checks keep a small summary of each (32 bytes a row and a 500-row sample)."""
+    from server.plausibility import FIT_ROWS, SKETCH_DIM
+
     rows = 16_384
     one_upload = rows * (64 + 10) * 4  # about 4.6 MiB
-    two, eight = peak_while_collecting(tmp_path, 2, rows), peak_while_collecting(tmp_path, 8, rows)
+    two, eight = (peak_while_collecting(tmp_path, n, rows, checks=False) for n in (2, 8))
     assert eight < two + one_upload, f"2 uploads: peak {two / 2**20:.1f} MiB; 8 uploads: {eight / 2**20:.1f} MiB"
+    summary = rows * SKETCH_DIM * 2 + FIT_ROWS * (64 + 10) * 4  # float16 sketch, float32 sample
+    two, eight = (peak_while_collecting(tmp_path, n, rows, checks=True) for n in (2, 8))
+    assert eight < two + one_upload + 6 * 1.2 * summary, f"with checks: {two / 2**20:.1f} vs {eight / 2**20:.1f} MiB"
+    assert 6 * summary < 0.25 * 6 * one_upload  # the summaries are a fraction of the uploads they stand for
 
 
 def test_encoding_does_not_depend_on_the_thread_count():

@@ -27,9 +27,14 @@ ENCODING_KEYS = frozenset(
         "adversary", "attack-victims", "attack-steps", "unet-width", "unet-epochs", "unet-train-size",
         # the central trainer of the uploads (fedsmix/central.py)
         "trainer", "head-penalties", "validation-fraction", "return-model",
+        # the server's plausibility checks of the uploads and robust central training (issue 21)
+        "plausibility", "robust-training", "robust-trim",
     }
 )
-FEDERATED_KEYS = frozenset({"rounds", "local-epochs", "proximal-mu", "fraction-train", "client-lr"})
+FEDERATED_KEYS = frozenset(
+    {"rounds", "local-epochs", "proximal-mu", "fraction-train", "client-lr", "aggregation", "trimmed-beta",
+     "malicious-parties"}
+)
 # how the training split is dealt to the parties: like `parties`, every strategy but the centralised bound
 # (which trains on the whole split) depends on them, and the report keeps them in a table's rows
 PARTITION_KEYS = frozenset(

@@ -88,4 +88,4 @@ def empirical_snr(x: torch.Tensor, enc: Encoded) -> float:
             mixed = mixed * signs[block].double()
         signal += (w1 * (target - mean)).pow(2).sum().item()
         interference += (mixed - w1 * target - (1 - w1) * mean).pow(2).sum().item()
-    return signal / interference
+    return signal / interference if interference > 0 else float("inf")  # encoder none: nothing interferes

@@ -1,0 +1,114 @@
+"""One bad party of ten: accuracy clean vs with each fault, for every strategy variant, and whether it was caught.
+
+The quick-start setting (digits, 10 Dirichlet(0.5) parties, tau = 1, 30 epochs; FedAvg/FedProx 10 rounds of
+1 local epoch) through the Flower-free engine (commands/direct.py: the very party steps and plausibility
+checks of the ServerApp; FedAvg/FedProx aggregated by Flower's own aggregators). Party 3 is the bad one.
+Runs one after another, each ~20-60 s on 2 busy cores; results are appended to
+benchmarks/results/robustness.json as they finish, and a finished row is not run again (--fresh to redo).
+
+    .venv/bin/python benchmarks/robustness.py                  # every row (about 40 min on 2 busy cores)
+    .venv/bin/python benchmarks/robustness.py --only fedavg     # rows whose variant starts with "fedavg"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from common import PROJECT, RESULTS, write
+
+from commands import direct
+from fedsmix.config import load_settings
+from fedsmix.tables import fmt, markdown
+
+BAD, PARTIES = 3, 10
+FAULTS = {
+    "clean": {},
+    "scale 100": {"fault": f"scale:{BAD}", "fault-scale": 100.0},
+    "scale 10^4": {"fault": f"scale:{BAD}", "fault-scale": 1e4},
+    "garbage": {"fault": f"garbage:{BAD}"},
+    "label-flip": {"fault": f"label-flip:{BAD}"},
+    "replay": {"fault": f"replay:{BAD}"},
+    "sign-flip": {"fault": f"sign-flip:{BAD}"},
+}
+UPLOAD_FAULTS = ("clean", "scale 100", "scale 10^4", "garbage", "label-flip", "replay")
+UPDATE_FAULTS = ("clean", "scale 100", "sign-flip", "label-flip")
+MIXUP = {"strategies": "mixup-union"}
+VARIANTS = {
+    "mixup-union (checks on)": ({**MIXUP, "robust-training": "off"}, UPLOAD_FAULTS),
+    "mixup-union (checks off)": ({**MIXUP, "plausibility": False, "robust-training": "off"}, UPLOAD_FAULTS[1:]),
+    "mixup-union (checks off, clip)": ({**MIXUP, "plausibility": False, "robust-training": "clip"}, UPLOAD_FAULTS),
+    "mixup-union (checks off, trim)": ({**MIXUP, "plausibility": False, "robust-training": "trim"}, UPLOAD_FAULTS),
+    **{f"fedavg ({agg})": ({"strategies": "fedavg", "aggregation": agg}, UPDATE_FAULTS)
+       for agg in ("fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum", "bulyan")},
+    **{f"fedprox ({agg})": ({"strategies": "fedprox", "aggregation": agg}, UPDATE_FAULTS[:3])
+       for agg in ("fedavg", "fedtrimmedavg")},
+}
+
+
+def run_row(variant: str, fault: str) -> dict:
+    overrides, _ = VARIANTS[variant]
+    settings = load_settings({"preset": "configs/quickstart.yaml", **overrides, **FAULTS[fault],
+                              "runs-dir": str(PROJECT / "benchmarks" / "runs"), "run-name": "robustness"})
+    t0 = time.perf_counter()
+    (name, res), = direct.run(settings, PARTIES)["strategies"].items()
+    return {
+        "variant": variant, "fault": fault, "strategy": name, "accuracy": res["accuracy"],
+        "quarantined": res.get("quarantined", []), "parties-used": res.get("parties-used"),
+        "trainer": res.get("trainer"), "seconds": time.perf_counter() - t0,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    """One line per variant, one column per fault: accuracy % (change from the variant's clean run, points),
+    and the check that named the bad party where one did."""
+    clean = {r["variant"]: r["accuracy"] for r in rows if r["fault"] == "clean"}
+    clean["mixup-union (checks off)"] = clean.get("mixup-union (checks on)")  # no check fires on clean uploads
+    cells: dict[str, dict] = {}
+    for r in rows:
+        base, line = clean.get(r["variant"]), cells.setdefault(r["variant"], {"variant": r["variant"]})
+        text = fmt(100 * r["accuracy"], ".2f")
+        if r["fault"] != "clean" and base is not None:
+            text += f" ({100 * (r['accuracy'] - base):+.2f})"
+        named = [q for q in r["quarantined"] if q["party"] == BAD]
+        if named:
+            text += f", caught: {named[0]['check']}"
+        elif r["fault"] != "clean" and r["variant"] == "mixup-union (checks on)":
+            text += ", not caught"
+        line[r["fault"]] = text
+    if "mixup-union (checks off)" in cells:  # its clean run is the checked one's: no check fires on clean uploads
+        checked = cells.get("mixup-union (checks on)", {})
+        cells["mixup-union (checks off)"].setdefault("clean", checked.get("clean", "-"))
+    columns = [("variant", "strategy (server side)")] + [(f, f) for f in FAULTS]
+    return markdown(list(cells.values()), columns, "l" + "r" * len(FAULTS))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run only the variants whose name starts with this")
+    parser.add_argument("--fresh", action="store_true", help="forget earlier rows")
+    args = parser.parse_args()
+    path = RESULTS / "robustness.json"
+    done = [] if args.fresh or not path.exists() else json.loads(path.read_text()).get("rows", [])
+    have = {(r["variant"], r["fault"]) for r in done}
+    for variant, (_, faults) in VARIANTS.items():
+        if not variant.startswith(args.only):
+            continue
+        for fault in faults:
+            if (variant, fault) in have:
+                continue
+            row = run_row(variant, fault)
+            done.append(row)
+            print(f"{variant:34s} {fault:11s} {100 * row['accuracy']:6.2f} % "
+                  f"quarantined {[q['party'] for q in row['quarantined']]} ({row['seconds']:.0f} s)", flush=True)
+            order = {(v, f): i for i, (v, (_, fs)) in enumerate(VARIANTS.items()) for f in fs}
+            done.sort(key=lambda r: order.get((r["variant"], r["fault"]), 1e9))
+            write("robustness", {"command": "benchmarks/robustness.py", "engine": "direct", "bad-party": BAD,
+                                 "parties": PARTIES, "preset": "configs/quickstart.yaml", "rows": done,
+                                 "table": table(done)})
+    print(table(done))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,416 @@
+"""Plausibility checks: an upload can pass every validation check (server/validation.py) and still be wrong.
+
+Issue 21: one party whose encodings are multiplied by 100 (a misconfigured radius, 0-255 pixels, a malicious
+party) sinks the union from 96.94 % to 57.22 %. The checks below use only what the server legitimately knows:
+the run's settings (encoder, alpha, tau, radius mode), what each party reports with its upload (n, V, D, c,
+m_f, r) and the uploads themselves. A party that fails one is quarantined: its upload is not used, it is named
+with the check and the reason in results.json, and the run goes on (min-parties still applies).
+
+Per upload (`examine`, flat guard clauses like validation.py):
+- `report`: the reported alpha and tau are the run's; r follows from the reported D, c, tau and alpha as
+  Theorem 4.2 says (radius-mode theorem) or is the configured radius (fixed); c = D^2 / (2V).
+- `labels`: the encoder's soft-label structure. Singularized mixup mixes two one-hot labels with weights in
+  [1 - alpha, alpha]: at most two non-zero entries, each in [1 - alpha, alpha], or one entry 1 when both
+  sources share a class. No encoder (`none`): one-hot rows. Mixup/InstaHide: at most mix-k (cross: 2).
+- `energy`: the mean squared distance of a row to the upload's mean against the one the report predicts.
+  For x~ = w1 x_i + w2 (x_pi(i) + e_i) with |e| = r: E||x~ - mean||^2 = E[w1^2 + w2^2] V + E[w2^2] r^2 (the
+  cross term averages to -V/(n-1) under a derangement), E[w^2] from central.weight_moments(alpha).
+
+Across parties (`quarantine`, after every upload arrived; the first three need at least MIN_PEERS parties):
+- `replay`: rows that (nearly) repeat another party's: a random projection of every row, nearest rows of
+  each earlier-arrived party. Content cannot tell which of two copies is the original: the upload that
+  arrived first is kept and the later one quarantined, naming both.
+- `outlier`: each party's norms (measured energy, reported V, D and r, on the norm scale) against the other
+  parties' with a robust z-score (median, MAD): flagged only when both the z-score and the ratio to the
+  median are large, so a party that lies consistently (inputs and report scaled together) is caught while
+  honest non-IID parties, whose norms differ by their class mix, are not.
+- `labels-vs-inputs`: a ridge head fitted on a balanced sample of every remaining party's rows predicts each
+  upload row's class; an honest party's predictions fall in its rows' label support about as often as other
+  parties' rows of the same classes do (class by class: under label skew a party holding a hard class is
+  not suspect), random inputs (garbage) or permuted classes (label flipping) far less. Decided only
+  when the parties' agreement is well above chance (at tiny tau the noise hides the labels from any linear
+  head, and the check abstains: robust central training is the fallback there, fedsmix/central.py).
+- `structure`: real encodings put a good share of their (centred) energy into the few principal directions
+  the parties' rows share; random values spread it over every direction (the sphere noise of a small tau
+  does too, and then the check abstains). Catches garbage whose mean alone carries the party's classes
+  (strongly non-IID parties), which labels-vs-inputs cannot.
+
+Thresholds were set from honest uploads (benchmarks/plausibility_honest.py: data sets, partitions, tau and
+radius modes; its count of honest parties quarantined is in docs/robustness.md) with a wide margin.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedsmix.central import Moments, linear_heads, weight_moments
+from fedsmix.config import Settings
+from fedsmix.encoders import noise_multiplier
+from fedsmix.seeding import generator
+
+REPORTED = ("alpha", "tau", "radius", "V", "D", "c")  # what every party reports with its upload (party.py)
+LABEL_TOLERANCE = 1e-4  # float32 soft labels computed from float64 weights
+REPORT_TOLERANCE = 1e-3  # relative: the radius against Theorem 4.2 from the reported D, c, tau, alpha
+ENERGY_FACTOR = 2.0  # measured / predicted E||x~ - mean||^2 beyond [1/2, 2]: the report does not fit
+MIN_PEERS = 3  # cross-party checks need a majority to compare with
+OUTLIER_Z = 6.0  # robust z-score (1.4826 MAD) ...
+OUTLIER_FACTOR = 3.0  # ... and a norm more than 3x (or less than 1/3) the parties' median
+SKETCH_DIM = 16  # random projection of every row over the upload's spread, in float16: 32 bytes a row
+SKETCH_ROWS = 256  # rows of each upload looked up among earlier uploads
+DUPLICATE_DISTANCE = 1e-2  # a near-duplicate row: closer than this x the upload's spread sqrt(energy), projected
+DUPLICATE_SHARE = 0.5  # ... for at least half of the looked-up rows
+FIT_DIM = 512  # the ridge head of labels-vs-inputs works on at most this many (projected) dimensions
+FIT_ROWS = 500  # rows of each upload in its balanced fit
+FIT_GAMMA = 0.1  # relative ridge penalty
+MIN_CLASS_ROWS = 20  # labels-vs-inputs judges a row when other parties' samples hold its classes this often
+SIGNAL = 0.3  # labels-vs-inputs decides only when the median party's expected agreement beats chance by this
+AGREEMENT_GAP = 0.5  # ... and flags a party that misses more than half of its expected lift over chance,
+AGREEMENT_SIGMAS = 4.0  # ... by more than 4 binomial standard errors of its sample
+SPREAD_Z = 5.0  # ... and by more than 5 robust standard deviations (1.4826 MAD) of the parties' values
+STRUCTURE_K = 10  # principal directions shared by the parties' rows
+STRUCTURE_SIGNAL = 0.06  # structure decides only when the median party's share beats the isotropic k/d by this
+STRUCTURE_GAP = 0.5  # ... and flags a party whose excess share is below half the median's, by more than
+STRUCTURE_SIGMAS = 4.0  # ... 4 standard errors of its sample and SPREAD_Z robust standard deviations
+
+
+class Implausible(ValueError):
+    """An upload failed a plausibility check; names the party, the check and the reason."""
+
+    def __init__(self, party: int, check: str, reason: str):
+        super().__init__(f"party {party}: {check}: {reason}")
+        self.party, self.check, self.reason = party, check, reason
+
+
+@dataclass
+class Evidence:
+    """What the checks keep of one upload (small: statistics, a sketch of every row, a row sample)."""
+
+    party: int
+    rows: int
+    energy: float  # mean squared distance of a row to the upload's mean
+    expected: float | None  # the same, predicted from the party's report (None: no prediction for the encoder)
+    norms: dict[str, float]  # norm-scale statistics compared across parties
+    sketch: np.ndarray  # (rows, SKETCH_DIM) random projection of every row over sqrt(energy), float16
+    fit_x: np.ndarray  # (<= FIT_ROWS, <= FIT_DIM) rows for the labels-vs-inputs and structure checks
+    fit_y: np.ndarray
+    problem: Implausible | None = None  # the upload's own checks
+
+
+def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: Settings) -> Evidence:
+    """Summarise one validated upload and run its own checks (the report, the labels, the energy). What it
+    keeps is small: 32 bytes a row (the sketch) and FIT_ROWS rows of at most FIT_DIM values; an upload that
+    fails its own checks keeps neither (it takes no part in the cross-party checks)."""
+    flat = x.reshape(len(x), -1)
+    energy = _energy(flat)
+    sketch_matrix, fit_matrix = _projections(settings, flat.shape[1])
+    sample = np.sort(
+        torch.randperm(len(flat), generator=generator(settings.seed, party, "plausibility"))[:FIT_ROWS].numpy()
+    )
+    fit_x = np.asarray(flat[sample], dtype=np.float64)
+    evidence = Evidence(
+        party=party,
+        rows=len(flat),
+        energy=energy,
+        expected=expected_energy(metrics, settings.encoder),
+        norms=_norms(energy, metrics),
+        sketch=(_project(flat, sketch_matrix) / math.sqrt(max(energy, 1e-30))).astype(np.float16),
+        fit_x=(fit_x if fit_matrix is None else fit_x @ fit_matrix).astype(np.float32),
+        fit_y=np.asarray(y[sample], dtype=np.float32),
+    )
+    try:
+        check_upload(evidence, y, metrics, settings)
+    except Implausible as err:
+        evidence.problem = err
+        evidence.sketch, evidence.fit_x, evidence.fit_y = (np.empty((0, 0)),) * 3
+    return evidence
+
+
+def check_upload(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:
+    """The upload's own checks; raise Implausible at the first that fails."""
+    party = evidence.party
+    if missing := [k for k in REPORTED if k not in metrics]:
+        raise Implausible(party, "report", f"does not report {', '.join(missing)}")
+    alpha, tau, radius = (float(metrics.get(k, math.nan)) for k in ("alpha", "tau", "radius"))
+    V, D, c = (float(metrics.get(k, math.nan)) for k in ("V", "D", "c"))
+    if settings.encoder == "singularized":
+        if not math.isclose(alpha, settings.alpha, rel_tol=1e-9):
+            raise Implausible(party, "report", f"reports alpha {alpha:g}; the run's alpha is {settings.alpha:g}")
+        if not math.isclose(tau, settings.tau, rel_tol=1e-9):
+            raise Implausible(party, "report", f"reports tau {tau:g}; the run's tau is {settings.tau:g}")
+    if not (V > 0 and D > 0 and radius >= 0):
+        raise Implausible(party, "report", f"reports V {V:g}, D {D:g}, r {radius:g}: need V > 0, D > 0, r >= 0")
+    if not math.isclose(c, D * D / (2 * V), rel_tol=REPORT_TOLERANCE):
+        raise Implausible(party, "report", f"reports c {c:.4g}; its D and V give D^2/(2V) = {D * D / (2 * V):.4g}")
+    if settings.encoder == "singularized" and settings.radius_mode == "theorem":
+        theorem = noise_multiplier(settings.tau, settings.alpha, c) * D
+        if not math.isclose(radius, theorem, rel_tol=REPORT_TOLERANCE, abs_tol=1e-9):
+            raise Implausible(
+                party, "report", f"reports r {radius:.4g}; Theorem 4.2 gives {theorem:.4g} for its D and c"
+            )
+    if settings.encoder == "singularized" and settings.radius_mode == "fixed":
+        if not math.isclose(radius, settings.radius, rel_tol=1e-6):
+            raise Implausible(party, "report", f"reports r {radius:.4g}; the run's fixed radius is {settings.radius:g}")
+    if bad := label_violations(y, settings):
+        raise Implausible(party, "labels", f"{bad} of {len(y)} soft-label rows cannot come from {settings.encoder}")
+    if evidence.expected is not None:
+        ratio = evidence.energy / evidence.expected
+        if not 1 / ENERGY_FACTOR <= ratio <= ENERGY_FACTOR:
+            raise Implausible(
+                party,
+                "energy",
+                f"mean squared row norm (centred) {evidence.energy:.4g} is {ratio:.3g}x what its report predicts "
+                f"({evidence.expected:.4g} from V, r and alpha)",
+            )
+
+
+def label_violations(y: np.ndarray, settings: Settings) -> int:
+    """Rows whose soft label the encoder cannot produce (see the module's `labels` check)."""
+    y = np.asarray(y, dtype=np.float64)
+    nonzero = y > LABEL_TOLERANCE
+    count = nonzero.sum(axis=1)
+    if settings.encoder == "singularized":
+        low, high = 1 - settings.alpha - LABEL_TOLERANCE, settings.alpha + LABEL_TOLERANCE
+        weight_ok = ((y >= low) & (y <= high)) | (y >= 1 - LABEL_TOLERANCE) | ~nonzero
+        return int(((count > 2) | ~weight_ok.all(axis=1)).sum())
+    if settings.encoder == "none":
+        return int(((count != 1) | (y.max(axis=1) < 1 - LABEL_TOLERANCE)).sum())
+    most = 2 if settings.encoder == "instahide-cross" else settings.mix_k
+    return int((count > most).sum())
+
+
+def expected_energy(metrics: dict, encoder: str) -> float | None:
+    """E||x~ - mean||^2 from the report: E[w1^2 + w2^2] V + E[w2^2] r^2 (singularized), V (none)."""
+    V, alpha = float(metrics.get("V", math.nan)), float(metrics.get("alpha", math.nan))
+    if encoder == "singularized":
+        if not 0.5 <= alpha < 1:  # missing or impossible: the report check names it
+            return None
+        partner, mixed = weight_moments(alpha)
+        return mixed * V + partner * float(metrics.get("radius", 0.0)) ** 2
+    if encoder == "none":
+        return V
+    return None  # mixup/InstaHide: many weights, signs, public images; the cross-party checks still apply
+
+
+def quarantine(evidence: list[Evidence], settings: Settings) -> list[dict]:
+    """Every party to quarantine, with the check and the reason; `evidence` in arrival order."""
+    verdicts = [_verdict(e.problem) for e in evidence if e.problem is not None]
+    verdicts += replays(evidence)
+    kept = [e for e in evidence if e.party not in {v["party"] for v in verdicts}]
+    verdicts += outliers(kept)
+    kept = [e for e in kept if e.party not in {v["party"] for v in verdicts}]
+    verdicts += disagreements(kept)
+    kept = [e for e in kept if e.party not in {v["party"] for v in verdicts}]
+    verdicts += unstructured(kept)
+    return verdicts
+
+
+def replays(evidence: list[Evidence]) -> list[dict]:
+    """Uploads whose rows (nearly) repeat an earlier upload's; the earlier one is kept."""
+    verdicts = []
+    for i, later in enumerate(evidence):
+        if later.problem is not None:  # quarantined already, for its own checks
+            continue
+        rows = later.sketch[:: max(1, len(later.sketch) // SKETCH_ROWS)][:SKETCH_ROWS]
+        for earlier in evidence[:i]:
+            if earlier.problem is not None:
+                continue
+            other = torch.from_numpy(earlier.sketch).float() * math.sqrt(earlier.energy / later.energy)
+            nearest = torch.cdist(torch.from_numpy(rows).float(), other)
+            nearest = nearest.min(dim=1).values
+            share = float((nearest <= DUPLICATE_DISTANCE).double().mean())  # in units of the later's spread
+            if share >= DUPLICATE_SHARE:
+                verdicts.append(_verdict(Implausible(
+                    later.party, "replay",
+                    f"{100 * share:.0f}% of its rows repeat party {earlier.party}'s upload (which arrived first and "
+                    "is kept; content alone cannot tell the original from the copy)",
+                )))
+                break
+    return verdicts
+
+
+def outliers(evidence: list[Evidence]) -> list[dict]:
+    """Parties whose norms lie far from the other parties' (robust z-score and ratio to the median)."""
+    if len(evidence) < MIN_PEERS:
+        return []
+    verdicts, flagged = [], set()
+    for name in evidence[0].norms:
+        values = {e.party: e.norms[name] for e in evidence if name in e.norms}
+        if len(values) < MIN_PEERS:
+            continue
+        logs = {p: math.log(v) for p, v in values.items()}
+        median, spread = float(np.median(list(logs.values()))), _robust_spread(list(logs.values()))
+        for party, value in logs.items():
+            deviation = abs(value - median)
+            if party in flagged or deviation <= math.log(OUTLIER_FACTOR) or deviation <= OUTLIER_Z * spread:
+                continue
+            flagged.add(party)
+            verdicts.append(_verdict(Implausible(
+                party, "outlier",
+                f"{name} {values[party]:.4g} is {math.exp(value - median):.3g}x the parties' median "
+                f"{math.exp(median):.4g} (robust z {deviation / spread if spread else math.inf:.1f})",
+            )))
+    return verdicts
+
+
+@dataclass
+class Agreement:
+    """How well one party's labels match what a ridge head reads from its inputs, class by class."""
+
+    rows: int  # sampled rows judged (their classes also occur in other parties' samples)
+    hits: float  # rows whose predicted class is in the row's label support
+    expected: float  # the same, at the hit rates that other parties' rows of the same classes reach
+    chance: float  # the same, for a uniformly random class
+    variance: float  # binomial variance of `hits` at the expected rates
+
+    @property
+    def shortfall(self) -> float:
+        """Share of the expected lift over chance that the party misses (about 0 when honest)."""
+        return (self.expected - self.hits) / max(self.expected - self.chance, 1e-9)
+
+
+def agreement(evidence: list[Evidence]) -> dict[int, Agreement]:
+    """One ridge head fitted on a balanced sample of every party's rows predicts each sampled row's class; a
+    row is a hit when the class is in its label support. A party is compared with the other parties' rows of
+    the same classes (a hard class is hard for everybody), so label skew alone does not make it look bad."""
+    x = np.concatenate([e.fit_x for e in evidence])
+    y = np.concatenate([e.fit_y for e in evidence])
+    head = linear_heads("ridge", Moments.of(x, y), (FIT_GAMMA,))[f"ridge@{FIT_GAMMA:g}"]
+    support, hits = {}, {}
+    with torch.no_grad():
+        for e in evidence:
+            predicted = head(torch.from_numpy(e.fit_x).float()).argmax(dim=1).numpy()
+            support[e.party] = e.fit_y > LABEL_TOLERANCE
+            hits[e.party] = support[e.party][np.arange(len(predicted)), predicted].astype(np.float64)
+    class_hits = {p: hits[p] @ support[p] for p in support}  # per class: hits among rows holding the class
+    class_rows = {p: support[p].sum(axis=0).astype(np.float64) for p in support}
+    total_hits, total_rows = sum(class_hits.values()), sum(class_rows.values())
+    out = {}
+    for p in support:
+        others = total_rows - class_rows[p]
+        known = others >= MIN_CLASS_ROWS
+        rate = np.where(known, (total_hits - class_hits[p]) / np.maximum(others, 1), np.nan)
+        judged = (support[p] & known).sum(axis=1) == support[p].sum(axis=1)  # every class of the row known
+        expected = np.nanmean(np.where(support[p][judged], rate, np.nan), axis=1)
+        out[p] = Agreement(
+            rows=int(judged.sum()), hits=float(hits[p][judged].sum()), expected=float(expected.sum()),
+            chance=float(support[p][judged].sum() / support[p].shape[1]),
+            variance=float((expected * (1 - expected)).sum()),
+        )
+    return out
+
+
+def disagreements(evidence: list[Evidence]) -> list[dict]:
+    """Parties whose labels the inputs do not explain as well as other parties' rows of the same classes
+    (garbage inputs, permuted classes)."""
+    if len(evidence) < MIN_PEERS:
+        return []
+    scores = {p: a for p, a in agreement(evidence).items() if a.rows}
+    if len(scores) < MIN_PEERS:
+        return []
+    lift = float(np.median([(a.expected - a.chance) / a.rows for a in scores.values()]))
+    if lift < SIGNAL:  # the labels are hidden from a linear head (tiny tau): no decision
+        return []
+    shortfall = {p: a.shortfall for p, a in scores.items()}
+    median, spread = float(np.median(list(shortfall.values()))), _robust_spread(list(shortfall.values()))
+    verdicts = []
+    for party, a in scores.items():
+        missing = a.expected - a.hits
+        if shortfall[party] > AGREEMENT_GAP and missing > AGREEMENT_SIGMAS * math.sqrt(max(a.variance, 1.0)) \
+                and shortfall[party] - median > SPREAD_Z * spread:
+            verdicts.append(_verdict(Implausible(
+                party, "labels-vs-inputs",
+                f"a ridge head fitted on every party's rows puts {100 * a.hits / a.rows:.0f}% of its rows in their "
+                f"label support, where other parties' rows of the same classes reach {100 * a.expected / a.rows:.0f}% "
+                f"(chance {100 * a.chance / a.rows:.0f}%)",
+            )))
+    return verdicts
+
+
+def structure(evidence: list[Evidence]) -> tuple[dict[int, tuple[float, float]], float]:
+    """Per party: (share of its centred energy in the STRUCTURE_K principal directions of every party's
+    centred rows, the standard error of that share), and the share an isotropic upload would have."""
+    centred = [e.fit_x.astype(np.float64) - e.fit_x.mean(axis=0, dtype=np.float64) for e in evidence]
+    pooled = sum(x.T @ x for x in centred) / sum(len(x) for x in centred)
+    k = min(STRUCTURE_K, pooled.shape[0] - 1)
+    directions = np.linalg.eigh(pooled)[1][:, ::-1][:, :k]
+    out = {}
+    for e, x in zip(evidence, centred):
+        inside, total = ((x @ directions) ** 2).sum(axis=1), (x * x).sum(axis=1)
+        share = float(inside.sum() / total.sum())
+        error = float((inside - share * total).std() / total.mean() / math.sqrt(len(x)))  # delta method
+        out[e.party] = (share, error)
+    return out, k / pooled.shape[0]
+
+
+def unstructured(evidence: list[Evidence]) -> list[dict]:
+    """Parties whose rows lack the principal directions every other party's rows share (random inputs)."""
+    if len(evidence) < MIN_PEERS:
+        return []
+    shares, isotropic = structure(evidence)
+    excess = {p: share - isotropic for p, (share, _) in shares.items()}
+    median = float(np.median(list(excess.values())))
+    if median < STRUCTURE_SIGNAL:  # noise dominates every upload (small tau): no decision
+        return []
+    spread = _robust_spread(list(excess.values()))
+    verdicts = []
+    for party, (share, error) in shares.items():
+        gap = median - excess[party]
+        if excess[party] < STRUCTURE_GAP * median and gap > max(STRUCTURE_SIGMAS * max(error, 1e-3), SPREAD_Z * spread):
+            verdicts.append(_verdict(Implausible(
+                party, "structure",
+                f"{100 * share:.0f}% of its energy lies in the {STRUCTURE_K} principal directions the parties' rows "
+                f"share (isotropic: {100 * isotropic:.0f}%); the parties' median is {100 * (median + isotropic):.0f}%",
+            )))
+    return verdicts
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _verdict(err: Implausible) -> dict:
+    return {"party": err.party, "check": err.check, "reason": err.reason}
+
+
+def _robust_spread(values: list[float]) -> float:
+    """1.4826 x the median absolute deviation: the standard deviation, were the values normal."""
+    median = float(np.median(values))
+    return 1.4826 * float(np.median([abs(v - median) for v in values]))
+
+
+def _energy(flat, block: int = 4096) -> float:
+    """Mean squared distance of a row to the mean row, in float64 blocks (the upload may be memory-mapped)."""
+    n, total, squares = len(flat), np.zeros(flat.shape[1]), 0.0
+    for start in range(0, n, block):
+        rows = np.asarray(flat[start : start + block], dtype=np.float64)
+        total += rows.sum(axis=0)
+        squares += float((rows * rows).sum())
+    mean = total / n
+    return squares / n - float(mean @ mean)
+
+
+def _norms(energy: float, metrics: dict) -> dict[str, float]:
+    norms = {"row norm": math.sqrt(max(energy, 0.0))}
+    for key, name in (("V", "sqrt(V)"), ("D", "D"), ("radius", "r")):
+        value = float(metrics.get(key, 0.0))
+        if value > 0:
+            norms[name] = math.sqrt(value) if key == "V" else value
+    return norms
+
+
+def _projections(settings: Settings, dim: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The server's own random projections (seeded by the run): a sketch for near-duplicates, and one to
+    FIT_DIM dimensions for the ridge head when the rows are wider. Columns scaled to keep norms."""
+    gen = generator(settings.seed, "plausibility", dim)
+    sketch = torch.randn(dim, SKETCH_DIM, generator=gen, dtype=torch.float64).numpy() / math.sqrt(SKETCH_DIM)
+    if dim <= FIT_DIM:
+        return sketch, None
+    return sketch, torch.randn(dim, FIT_DIM, generator=gen, dtype=torch.float64).numpy() / math.sqrt(FIT_DIM)
+
+
+def _project(flat, matrix: np.ndarray, block: int = 4096) -> np.ndarray:
+    out = np.empty((len(flat), matrix.shape[1]), dtype=np.float64)
+    for start in range(0, len(flat), block):
+        out[start : start + block] = np.asarray(flat[start : start + block], dtype=np.float64) @ matrix
+    return out

@@ -1,0 +1,286 @@
+"""One bad party (issue 21): dishonest faults, plausibility checks, robust central training, robust aggregation.
+
+The fast tests here work on the real uploads of the quick-start parties (digits), prepared exactly as the
+ClientApp does; the simulations through the real ServerApp and ClientApp are in test_robustness_sim.py.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+from rich.console import Console
+
+from fedsmix.central import Union, clipped
+from fedsmix.config import SettingsError, load_settings
+from fedsmix.faults import corrupt, derangement, falsify_update, flip_classes
+from fedsmix.party import prepare_upload, replayed_upload
+from fedsmix.seeding import generator
+from fedsmix.training import soft_cross_entropy
+from server import plausibility
+from server.results import render
+
+PARTIES, BAD = 10, 3
+
+
+@pytest.fixture(scope="module")
+def quickstart(one_thread):
+    """The quick-start setting's ten honest uploads and the server's evidence of each."""
+    settings = load_settings({"preset": "configs/quickstart.yaml"})
+    uploads = [prepare_upload(settings, p, PARTIES) for p in range(PARTIES)]
+    return settings, uploads, examine_all(settings, uploads)
+
+
+def examine_all(settings, uploads):
+    return [plausibility.examine(p, u.arrays["x"], u.arrays["y"], u.metrics, settings) for p, u in enumerate(uploads)]
+
+
+def with_bad(quickstart, arrays, metrics):
+    settings, _, evidence = quickstart
+    faulty = list(evidence)
+    faulty[BAD] = plausibility.examine(BAD, arrays["x"], arrays["y"], metrics, settings)
+    return plausibility.quarantine(faulty, settings)
+
+
+# ------------------------------------------------------------------------------------------- faults
+def test_fault_kinds_parse_and_unknown_ones_name_the_key():
+    settings = load_settings({"fault": "scale:1;garbage:2;label-flip:3;replay:4;sign-flip:5", "fault-scale": 1e4})
+    assert settings.fault_scale == 1e4
+    with pytest.raises(SettingsError, match="fault.*unknown fault kind 'flip'"):
+        load_settings({"fault": "flip:1"})
+    with pytest.raises(SettingsError, match="aggregation"):
+        load_settings({"aggregation": "median"})
+
+
+def test_dishonest_uploads_are_what_their_names_say(quickstart):
+    settings, uploads, _ = quickstart
+    honest = uploads[BAD]
+    x, y = honest.arrays["x"], honest.arrays["y"]
+    scaled, _ = corrupt("scale", honest.arrays, honest.metrics, 100.0)
+    assert np.allclose(scaled["x"], 100 * x, rtol=1e-6) and np.array_equal(scaled["y"], y)
+    garbage, _ = corrupt("garbage", honest.arrays, honest.metrics, generator=generator(0, BAD, "fault"))
+    flat, fake = x.reshape(len(x), -1), garbage["x"].reshape(len(x), -1)
+    assert np.abs(fake.mean(0) - flat.mean(0)).max() < 0.5 * flat.std(0).max()  # a plausible scale...
+    assert np.allclose(fake.std(0), flat.std(0), rtol=0.3, atol=1e-3)
+
+    def top_share(rows):  # share of the variance in the 5 leading principal directions
+        values = np.linalg.eigvalsh(np.cov(rows.T.astype(np.float64)))[::-1]
+        return values[:5].sum() / values.sum()
+
+    assert top_share(fake) < 0.8 * top_share(flat)  # ...but none of the pixels' correlations
+    flipped, _ = corrupt("label-flip", honest.arrays, honest.metrics, generator=generator(0, BAD, "fault"))
+    assert not np.array_equal(flipped["y"].argmax(1), y.argmax(1))
+    assert np.array_equal(np.sort(flipped["y"], axis=1), np.sort(y, axis=1))  # the same weights, other classes
+    assert np.array_equal(x, honest.arrays["x"])  # the honest upload is untouched
+
+
+def test_replay_resends_the_previous_partys_upload_byte_for_byte(quickstart):
+    settings, uploads, _ = quickstart
+    arrays, metrics = replayed_upload(settings, BAD, PARTIES)
+    assert np.array_equal(arrays["x"], uploads[BAD - 1].arrays["x"]) and metrics["party"] == BAD
+    assert metrics["D"] == uploads[BAD - 1].metrics["D"]
+    replaying = prepare_upload(settings.replace(fault=f"replay:{BAD}"), BAD, PARTIES)
+    assert np.array_equal(replaying.arrays["y"], uploads[BAD - 1].arrays["y"])
+
+
+def test_class_derangement_moves_every_class():
+    for seed in range(20):
+        perm = derangement(10, generator(seed, "test"))
+        assert sorted(perm) == list(range(10)) and not (perm == np.arange(10)).any()
+    y = torch.eye(4)
+    assert torch.equal(flip_classes(y, generator(1, "t")).sum(0), torch.ones(4))
+
+
+def test_update_faults_scale_or_negate_the_update_only():
+    reference = {"w": torch.ones(3), "count": torch.tensor(5)}
+    trained = {"w": torch.tensor([2.0, 1.0, 0.0]), "count": torch.tensor(7)}
+    scaled = falsify_update("scale", trained, reference, 10.0)
+    assert torch.equal(scaled["w"], torch.tensor([11.0, 1.0, -9.0])) and scaled["count"] == 7
+    flipped = falsify_update("sign-flip", trained, reference, 10.0)
+    assert torch.equal(flipped["w"], torch.tensor([0.0, 1.0, 2.0]))
+
+
+def test_train_local_sends_the_falsified_update_only_when_listed():
+    from fedsmix.models import new_classifier
+    from fedsmix.party import load_partition, train_local
+
+    settings = load_settings({"preset": "configs/quickstart.yaml", "local-epochs": 1})
+    part = load_partition(settings, 1, 10)
+    start = {k: v.clone() for k, v in new_classifier(settings, part.sample_shape, 10).state_dict().items()}
+    honest = train_local(settings, part, start).state()
+    bad = train_local(settings.replace(fault="sign-flip:1"), part, start).state()
+    other = train_local(settings.replace(fault="sign-flip:2"), part, start).state()
+    key = "net.1.weight"
+    assert torch.equal(other[key], honest[key])
+    assert torch.allclose(bad[key] - start[key], -(honest[key] - start[key]), atol=1e-6)
+
+
+# -------------------------------------------------------------------------------- plausibility checks
+def test_no_honest_quick_start_party_is_quarantined(quickstart):
+    settings, _, evidence = quickstart
+    assert plausibility.quarantine(evidence, settings) == []
+    assert all(0.5 < e.energy / e.expected < 2 for e in evidence)  # the report predicts the energy
+
+
+@pytest.mark.parametrize(
+    ("kind", "scale", "check"),
+    [("scale", 100.0, "energy"), ("scale", 1e4, "energy"), ("scale", 2.0, "energy"),
+     ("garbage", 0.0, "labels-vs-inputs"), ("label-flip", 0.0, "labels-vs-inputs")],
+)
+def test_one_dishonest_party_is_named(quickstart, kind, scale, check):
+    _, uploads, _ = quickstart
+    arrays, metrics = corrupt(kind, uploads[BAD].arrays, uploads[BAD].metrics, scale, generator(0, BAD, "fault"))
+    verdicts = with_bad(quickstart, arrays, metrics)
+    assert [(v["party"], v["check"]) for v in verdicts] == [(BAD, check)], verdicts
+
+
+def test_a_replayed_upload_is_caught_and_the_first_arrival_kept(quickstart):
+    settings, uploads, _ = quickstart
+    arrays, metrics = replayed_upload(settings, BAD, PARTIES)
+    verdicts = with_bad(quickstart, arrays, metrics)
+    assert [(v["party"], v["check"]) for v in verdicts] == [(BAD, "replay")]
+    assert f"party {BAD - 1}'s upload" in verdicts[0]["reason"]
+    nudged = {"x": arrays["x"] * np.float32(1 + 1e-4), "y": arrays["y"]}  # a near copy, not a byte copy
+    assert [v["check"] for v in with_bad(quickstart, nudged, metrics)] == ["replay"]
+
+
+def test_a_party_that_scales_its_report_too_is_an_outlier(quickstart):
+    """x100 in the inputs and in every reported norm: consistent with itself, not with the other parties."""
+    _, uploads, _ = quickstart
+    honest = uploads[BAD]
+    arrays, _ = corrupt("scale", honest.arrays, honest.metrics, 100.0)
+    metrics = {**honest.metrics, "V": honest.metrics["V"] * 1e4, "D": honest.metrics["D"] * 100,
+               "radius": honest.metrics["radius"] * 100}
+    verdicts = with_bad(quickstart, arrays, metrics)
+    assert [(v["party"], v["check"]) for v in verdicts] == [(BAD, "outlier")], verdicts
+
+
+def test_an_upload_that_breaks_the_encoder_or_its_report_is_named(quickstart):
+    settings, uploads, _ = quickstart
+    honest = uploads[BAD]
+    y = honest.arrays["y"].copy()
+    y[0] = 0.0
+    y[0, :4] = 0.25  # four classes: singularized mixup mixes two
+    bad = plausibility.examine(BAD, honest.arrays["x"], y, honest.metrics, settings)
+    assert (bad.problem.check, "1 of") == ("labels", bad.problem.reason[:4])
+    for key, value, words in (("alpha", 0.6, "alpha"), ("radius", 1.0, "Theorem 4.2"), ("c", 0.1, "D^2/(2V)")):
+        lying = {**honest.metrics, key: value}
+        lie = plausibility.examine(BAD, honest.arrays["x"], honest.arrays["y"], lying, settings)
+        assert lie.problem.check == "report" and words in lie.problem.reason, (key, lie.problem)
+
+
+def test_tiny_tau_hides_the_labels_and_the_label_checks_abstain():
+    """At tau = 1e-6 the sphere noise dominates every row: no linear head sees the labels, so neither label
+    check can tell garbage from an honest upload, and neither may guess (robust training is the fallback)."""
+    settings = load_settings({"preset": "configs/quickstart.yaml", "tau": 1e-6, "partitioner": "iid"})
+    uploads = [prepare_upload(settings, p, 5) for p in range(5)]
+    evidence = examine_all(settings, uploads)
+    scores = plausibility.agreement(evidence)
+    assert np.median([(a.expected - a.chance) / a.rows for a in scores.values()]) < plausibility.SIGNAL
+    garbage, _ = corrupt("garbage", uploads[1].arrays, uploads[1].metrics, generator=generator(0, 1, "fault"))
+    evidence[1] = plausibility.examine(1, garbage["x"], garbage["y"], uploads[1].metrics, settings)
+    assert plausibility.quarantine(evidence, settings) == []
+
+
+def test_a_quarantined_party_is_printed_with_its_check():
+    results = {"settings": {"dataset": "digits"}, "num-parties": 3, "strategies": {"mixup-union": {
+        "accuracy": 0.9, "parties-used": 2, "dropped": [], "rejected": [],
+        "quarantined": [{"party": 2, "node": 17, "check": "energy", "reason": "9.9e+03x what its report predicts"}],
+    }}}
+    printed = io.StringIO()
+    render(results, Console(file=printed, width=250))
+    row = [line for line in printed.getvalue().splitlines() if "quarantined" in line and "energy" in line]
+    assert row and "9.9e+03x" in row[0] and " 2 " in row[0] and "17" in row[0], printed.getvalue()
+
+
+# ------------------------------------------------------------------------------- robust training
+def test_trimmed_loss_drops_the_largest_losses():
+    logits = torch.tensor([[5.0, 0.0], [5.0, 0.0], [5.0, 0.0], [0.0, 5.0]])
+    targets = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])  # the last row is badly fit
+    full, trimmed = soft_cross_entropy(logits, targets), soft_cross_entropy(logits, targets, trim=0.25)
+    assert trimmed < 0.01 < full
+    assert torch.isclose(trimmed, soft_cross_entropy(logits[:3], targets[:3]))
+
+
+def test_clipping_pulls_only_the_far_rows_in():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, 1, 4, 4)).astype(np.float32)
+    x[:10] *= 100  # one party's inflated rows
+    union = Union(x, np.eye(2, dtype=np.float32)[np.arange(200) % 2], np.repeat(np.arange(2), 100))
+    view = clipped(union)
+    rows = view.x[np.arange(200)]
+    center = view.x.center.reshape(-1).astype(np.float64)
+    assert np.abs(center).max() < 1  # the coordinate-wise median: not dragged off by the inflated rows
+    distances = np.linalg.norm(rows.reshape(200, -1) - center, axis=1)
+    bound = view.x.bound
+    assert distances.max() <= bound * (1 + 1e-5) and bound < 15
+    far = np.linalg.norm(x.reshape(200, -1) - center, axis=1) > bound
+    assert far[:10].all() and far[10:].sum() < 5
+    assert np.allclose(rows[~far], x[~far], atol=1e-5)  # ordinary rows are untouched
+
+
+# ----------------------------------------------------------------------------- robust aggregation
+def test_the_strategy_keeps_fedprox_on_the_client_and_flowers_aggregator_on_the_server():
+    from flwr.serverapp.strategy import FedMedian, FedProx
+
+    from strategies.fedprox import ReportingFedProx, aggregator_options, strategy_class
+
+    cls = strategy_class("fedmedian")
+    assert cls.__mro__[1:4] == (ReportingFedProx, FedProx, FedMedian)
+    assert cls.aggregate_train is not FedProx.aggregate_train
+    assert cls.configure_train is ReportingFedProx.configure_train
+    settings = load_settings({"aggregation": "multikrum", "malicious-parties": 2})
+    assert aggregator_options(settings, 10) == {"num_malicious_nodes": 2, "num_nodes_to_select": 8}
+    assert strategy_class("fedavg") is ReportingFedProx
+
+
+@pytest.mark.parametrize("aggregation", ["fedmedian", "fedtrimmedavg", "krum", "multikrum", "bulyan"])
+def test_robust_aggregators_ignore_one_scaled_update(aggregation):
+    from commands.direct import aggregate
+    from strategies.fedprox import aggregate_states
+
+    settings = load_settings({"aggregation": aggregation})
+    rng = np.random.default_rng(0)
+    previous = {"w": torch.zeros(5, 3), "count": torch.tensor(3)}
+    honest = [{"w": torch.from_numpy(rng.normal(1.0, 0.1, (5, 3)).astype(np.float32)), "count": torch.tensor(4)}
+              for _ in range(9)]
+    bad = {"w": 100 * honest[0]["w"], "count": torch.tensor(4)}
+    replies = [(state, 50) for state in honest[:3] + [bad] + honest[3:]]
+    robust = aggregate_states(settings, replies, previous)
+    plain = aggregate(settings.replace(aggregation="fedavg"), previous, replies)  # the example-weighted mean
+    assert float(plain["w"].mean()) > 10
+    assert math.isclose(float(robust["w"].mean()), 1.0, abs_tol=0.15), aggregation
+    assert robust["w"].dtype == torch.float32 and robust["count"].dtype == previous["count"].dtype
+
+
+def test_robust_training_reaches_every_candidate_of_the_central_trainer(monkeypatch):
+    """clip: the linear heads are fitted on the clipped rows; trim: the MLP's loop gets the trim fraction."""
+    from fedsmix import central
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((300, 1, 4, 4)).astype(np.float32)
+    x[:30] *= 1000
+    y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 300)]
+    union = Union(x, y, np.repeat(np.arange(3), 100))
+    settings = load_settings({"trainer": "ridge", "head-penalties": "0.1", "validation-fraction": 0,
+                              "robust-training": "off"})
+    plain = central.fit(settings, union, (1, 4, 4), 3, "cpu", ["ridge@0.1"]).models["ridge@0.1"]
+    robust = central.fit(settings.replace(robust_training="clip"), union, (1, 4, 4), 3, "cpu", ["ridge@0.1"])
+    by_hand = central.fit(settings, central.clipped(union), (1, 4, 4), 3, "cpu", ["ridge@0.1"]).models["ridge@0.1"]
+    weight = robust.models["ridge@0.1"].linear.weight
+    assert torch.allclose(weight, by_hand.linear.weight) and not torch.allclose(weight, plain.linear.weight)
+    seen = {}
+
+    def fake_train(model, x, y, cfg, generator, **kwargs):
+        seen["trim"] = cfg.trim
+        return central.TrainReport()
+
+    monkeypatch.setattr(central, "train", fake_train)
+    central.fit(settings.replace(trainer="mlp", robust_training="trim", robust_trim=0.2), union, (1, 4, 4), 3,
+                "cpu", ["mlp"])
+    assert seen["trim"] == 0.2
+    central.fit(load_settings({"trainer": "mlp"}), union, (1, 4, 4), 3, "cpu", ["mlp"])
+    assert seen["trim"] == 0.0  # trim is off by default (clip is on)
