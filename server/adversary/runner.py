@@ -17,7 +17,7 @@ import torch
 from fedsmix import data as datalib
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.seeding import generator
-from fedsmix.space import mixing_shape
+from fedsmix.space import mixing_shape, pixel_spec
 from fedsmix.tables import markdown, pm, signed, write_csv
 
 from .analysis import Outcome, attack_cases
@@ -38,7 +38,7 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
     """Attack `attack-victims` victims of each party with every configured attack."""
     s, t0 = ctx.settings, time.perf_counter()
     out_dir = Path(ctx.run_dir) / "adversary"
-    spec = datalib.spec(s.dataset)
+    spec = pixel_spec(s)
     to_unit = (lambda t: datalib.denormalize(t, spec)) if s.backbone == "none" else None  # features: SNR only
     public = public_samples(s, spec)  # pixels, or features of the parties' backbone
     public_mean = public.mean(dim=0)

@@ -26,7 +26,7 @@ from fedsmix.metrics import score
 from fedsmix.party import Partition, calibrate_party, encode_partition, load_partition
 from fedsmix.runs import atomic_write_bytes, atomic_write_json
 from fedsmix.seeding import generator
-from fedsmix.space import to_space
+from fedsmix.space import pixel_spec, to_space
 from fedsmix.tables import markdown, pm, signed, write_csv
 
 from .analysis import attack_cases
@@ -62,12 +62,13 @@ def victim_partition(settings: Settings, victims: int, split: str = "test", resi
     rows = np.arange(min(victims, len(raw)))
     labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
     if not resize:
-        return Partition(0, to_space(settings, raw, split, rows), labels, raw.spec.num_classes, raw.spec, rows, split)
+        return Partition(0, to_space(settings, raw, split, rows), labels, raw.spec.num_classes,
+                         pixel_spec(settings, raw.spec), rows, split)
     if settings.backbone != "none":
         raise SettingsError("--resize: only for pixels (no backbone); a backbone has its own input size")
     unit = F.interpolate(datalib.to_unit(raw.images[rows], raw.spec), size=(resize, resize), mode="bilinear",
                          antialias=True, align_corners=False).clamp(0, 1)
-    spec = replace(raw.spec, image_size=resize)
+    spec = replace(pixel_spec(settings, raw.spec), image_size=resize)
     return Partition(0, datalib.normalize(unit, spec), labels, spec.num_classes, spec, rows, split)
 
 
