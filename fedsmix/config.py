@@ -139,6 +139,9 @@ class Settings(BaseModel):
     calibration: Literal["scalar", "directional", "directional-eig"] = Field(
         "scalar", description="r^2 = V k (scalar), d V k (directional), d lambda_max k; k = alpha^2/(tau(1-alpha)^2)-1"
     )
+    variance_centring: Literal["per-pixel", "global"] = Field(
+        "per-pixel", description="V of Theorem 4.2: centred per coordinate, or on one global mean (the paper's code)"
+    )
     screen: Literal["none", "ssim", "snr", "lpips"] = Field(
         "none", description="discard encodings too similar to their source (ssim/snr >= threshold, lpips < threshold)"
     )

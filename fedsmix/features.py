@@ -380,7 +380,8 @@ def pixel_mapped_radius(
     backbone f sees it. Measured on up to `samples` of the party's images.
     """
     pixels, spec = party_pixels(settings, partition.rows, partition.split)
-    stats = data_statistics(pixels, generator, eigenvalue=settings.calibration == "directional-eig")
+    stats = data_statistics(pixels, generator, eigenvalue=settings.calibration == "directional-eig",
+                            centring=settings.variance_centring)
     radius = calibrate(stats, settings.tau, settings.alpha, settings.calibration).radius  # in pixels
     pick = torch.randperm(len(pixels), generator=generator)[: min(samples, len(pixels))]
     x = pixels[pick]

@@ -88,7 +88,7 @@ def load_partition(settings: Settings, party: int, num_parties: int) -> Partitio
 def party_statistics(settings: Settings, part: Partition) -> DataStatistics:
     """V, D (and lambda_max for `calibration = "directional-eig"`) of the party's own data."""
     return data_statistics(part.x, generator(settings.seed, part.party, "calibrate"),
-                           eigenvalue=settings.calibration == "directional-eig")
+                           eigenvalue=settings.calibration == "directional-eig", centring=settings.variance_centring)
 
 
 def calibrate_party(settings: Settings, part: Partition, stats: DataStatistics | None = None) -> Calibration:

@@ -21,11 +21,9 @@ from torch.nn import functional as F
 
 from fedsmix import data as datalib
 from fedsmix.config import Settings, SettingsError
-from fedsmix.encoders import calibrate, data_statistics
 from fedsmix.metrics import score
-from fedsmix.party import Partition, calibrate_party, encode_partition, load_partition
+from fedsmix.party import Partition, calibrate_party, encode_partition, load_partition, party_statistics
 from fedsmix.runs import atomic_write_bytes, atomic_write_json
-from fedsmix.seeding import generator
 from fedsmix.space import pixel_spec, to_space
 from fedsmix.tables import markdown, pm, signed, write_csv
 
@@ -96,6 +94,13 @@ def victim_cases(settings: Settings, victims: int, split: str = "test", resize: 
     return cases
 
 
+# settings that change what a sweep measures, named in its file stem when they differ from the default
+NON_DEFAULT_LABELS = (
+    ("mixing_weights", "algorithm1"), ("normalisation", "dataset"), ("calibration", "scalar"),
+    ("variance_centring", "per-pixel"), ("public_classes", "all"), ("attack_pairing", "oracle"), ("screen", "none"),
+)
+
+
 def sweep_label(settings: Settings, parties: int = 0) -> str:
     """The file stem of one sweep: data set, and where it differs from pixels/theorem/one party."""
     parts = [settings.dataset]
@@ -105,6 +110,11 @@ def sweep_label(settings: Settings, parties: int = 0) -> str:
         parts += [settings.backbone, f"{input_size(settings)}px"]
     if settings.radius_mode != "theorem":
         parts.append(settings.radius_mode)
+    for key, default in NON_DEFAULT_LABELS:
+        value = getattr(settings, key)
+        if value != default:
+            named = key in ("public_classes", "attack_pairing", "variance_centring")
+            parts.append(f"{key.split('_')[0]}-{value}" if named else value)
     if parties:
         parts.append(f"{parties}parties")
     return "-".join(parts)
@@ -143,11 +153,10 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
     panels: dict[str, dict[str, list]] = {name: {"original": [], "mixed": [], "recovered": []} for name in built}
     best: dict[str, int] = {}
     # V and D do not depend on tau: estimate them once per party (a minute at 224 px), as calibrate_party would
-    stats = [data_statistics(part.x, generator(settings.seed, part.party, "calibrate")) for part, _ in cases]
+    stats = [party_statistics(settings, part) for part, _ in cases]
     for tau in sorted(taus, reverse=True):  # the figure shows the victim recovered best at the largest tau
         st = settings.replace(tau=tau)
-        calibrations = [calibrate(stat, tau, st.alpha) if st.radius_mode == "theorem" else calibrate_party(st, part)
-                        for stat, (part, _) in zip(stats, cases)]
+        calibrations = [calibrate_party(st, part, stat) for stat, (part, _) in zip(stats, cases)]
         training = {}
         unet_seconds = 0.0
         if "unet" in built:  # one U-Net per tau, at the parties' median radius (as the ServerApp's adversary)
