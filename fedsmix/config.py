@@ -149,6 +149,9 @@ class Settings(BaseModel):
     public_classes: Literal["all", "cifar10"] = Field(
         "all", description="attacker's public Tiny-ImageNet: all classes, or those matching CIFAR-10's"
     )
+    pairing_score: Literal["gaussian", "network", "both"] = Field(
+        "gaussian", description="recovered pairing: Gaussian likelihood ratio, a comparison network, or their sum"
+    )
     attack_pairing: Literal["oracle", "recovered"] = Field(
         "oracle", description="threat model: pairing and weights from the simulation oracle, or recovered from uploads"
     )
@@ -189,6 +192,10 @@ class Settings(BaseModel):
     def _radius_given_when_fixed(self) -> Settings:
         if self.normalisation == "imagenet" and self.backbone != "none":
             raise ValueError("normalisation 'imagenet' applies to pixels; a backbone normalises its own inputs")
+        if self.attack_pairing == "recovered" and (self.encoder != "singularized" or self.encodings_per_sample != 1
+                                                   or self.permutation != "derangement" or self.screen != "none"):
+            raise ValueError("attack-pairing 'recovered' recovers singularized mixup's derangement (one encoding per "
+                             "sample, unscreened); InstaHide's pairing is measured by server/adversary/pairing.py")
         if self.screen != "none" and self.encoder != "singularized":
             raise ValueError(f"screen {self.screen!r}: the post-processing screen applies to singularized mixup")
         if self.radius_mode == "fixed" and self.radius <= 0 and self.encoder == "singularized":
