@@ -105,6 +105,64 @@ class ComparisonNet(nn.Module):
         return self.head(self.body(torch.cat([a, b, a * b], dim=1)).flatten(1)).squeeze(1)
 
 
+@dataclass
+class GaussianView:
+    """One upload in the prior's eigenbasis: what every pair's likelihood ratio is computed from."""
+
+    coords: torch.Tensor  # (n, k): centred uploads along the prior's basis
+    rest2: torch.Tensor  # (n,): squared norm of the rest (orthogonal to the basis)
+    rest_dot: torch.Tensor  # (n, n): inner products of the rests
+    g: torch.Tensor  # (k + 1,): the basis variances and the residual variance
+    mult: torch.Tensor  # (k + 1,): 1 per basis direction, d - k for the rest
+    sigma2: float  # r^2 / d
+
+    @classmethod
+    def of(cls, x_tilde: torch.Tensor, prior: GaussianPrior, radius: float) -> GaussianView:
+        flat = x_tilde.reshape(len(x_tilde), -1).double()
+        d = flat.shape[1]
+        z = flat - flat.mean(dim=0)  # E x~ = E x for any weights: the uploads' own mean
+        u = z @ prior.basis
+        rest2 = (z.pow(2).sum(dim=1) - u.pow(2).sum(dim=1)).clamp_min(0)
+        g = torch.cat([prior.variances, torch.tensor([prior.residual], dtype=torch.float64)])
+        mult = torch.ones_like(g)
+        mult[-1] = max(d - prior.rank, 0)
+        return cls(u, rest2, z @ z.T - u @ u.T, g, mult, radius**2 / d)
+
+    def llr(self, i: torch.Tensor, j: torch.Tensor, wi: torch.Tensor, wj: torch.Tensor,
+            c: torch.Tensor) -> torch.Tensor:
+        """The exact log-likelihood ratio of encodings i and j (broadcast index tensors) with weights wi, wj
+        (..., 2) sharing images of total weight product c (...,), against independence."""
+        g = self.g
+        s_i = wi.pow(2).sum(dim=-1, keepdim=True) * g + wi[..., 1:].pow(2) * self.sigma2  # (..., k+1)
+        s_j = wj.pow(2).sum(dim=-1, keepdim=True) * g + wj[..., 1:].pow(2) * self.sigma2
+        cov = c.unsqueeze(-1) * g
+        rho2 = (cov.pow(2) / (s_i * s_j)).clamp(max=1 - 1e-12)
+        sq_i = torch.cat([self.coords[i].pow(2), self.rest2[i].unsqueeze(-1)], dim=-1)
+        sq_j = torch.cat([self.coords[j].pow(2), self.rest2[j].unsqueeze(-1)], dim=-1)
+        cross = torch.cat([self.coords[i] * self.coords[j], self.rest_dot[i, j].unsqueeze(-1)], dim=-1)
+        # the isotropic rest: its d - k directions share one rho; sq and cross already sum over them
+        llr = -0.5 * torch.log1p(-rho2) * self.mult
+        llr -= (rho2 * (sq_i / s_i + sq_j / s_j) - 2 * cov * cross / (s_i * s_j)) / (2 * (1 - rho2))
+        return llr.sum(dim=-1)
+
+
+def _box_violation(flat: torch.Tensor, weights: torch.Tensor, partner: torch.Tensor, idx: torch.Tensor,
+                   lo: torch.Tensor | None, hi: torch.Tensor | None) -> float:
+    """How far W^-1 x~ of one cycle (partners given as rows of `idx`) leaves the box [lo, hi]."""
+    L = len(idx)
+    pos = {int(v): k for k, v in enumerate(idx.tolist())}
+    W = torch.diag(weights[:, 0].double())
+    for k, partner_row in enumerate(partner.tolist()):
+        W[k, pos[int(partner_row)]] += float(weights[k, 1])
+    x = torch.linalg.lstsq(W, flat).solution if L > 0 else flat
+    out = torch.zeros(())
+    if lo is not None:
+        out = out + (lo - x).clamp_min(0).pow(2).sum()
+    if hi is not None:
+        out = out + (x - hi).clamp_min(0).pow(2).sum()
+    return float(out)
+
+
 class PairingAttack:
     """Recover pi and the weights of a singularized-mixup upload (see the module docstring)."""
 
@@ -114,7 +172,8 @@ class PairingAttack:
 
     def __init__(self, prior: GaussianPrior | None, alpha: float, fixed_weights: bool, score: str = "gaussian",
                  use_labels: bool = True, public: torch.Tensor | None = None, encoder: EncoderParams | None = None,
-                 net_epochs: int = 3, net_pairs: int = 4000, seed: int = 0, device: str = "cpu"):
+                 net_epochs: int = 3, net_pairs: int = 4000, seed: int = 0, device: str = "cpu",
+                 two_cycles: bool = False):
         if score not in ("gaussian", "network", "both"):
             raise ValueError(f"pairing: score {score!r}; allowed: gaussian, network, both")
         if score != "network" and prior is None:
@@ -124,27 +183,36 @@ class PairingAttack:
         self.prior, self.alpha, self.fixed, self.score = prior, alpha, fixed_weights, score
         self.use_labels, self.public, self.encoder = use_labels, public, encoder
         self.net_epochs, self.net_pairs, self.seed, self.device = net_epochs, net_pairs, seed, device
+        self.two_cycles = two_cycles  # allow 2-cycles (see _no_two_cycles)
         self.net: ComparisonNet | None = None
         self.net_radius: float | None = None
         self.report: dict = {}
 
     # ----------------------------------------------------------------------------------- recovery
-    def recover(self, x_tilde: torch.Tensor, y_tilde: torch.Tensor, radius: float) -> Pairing:
+    def recover(self, x_tilde: torch.Tensor, y_tilde: torch.Tensor, radius: float,
+                lo: torch.Tensor | None = None, hi: torch.Tensor | None = None) -> Pairing:
+        """pi and the weights from one upload; `lo`, `hi`: the valid box (orients cycles the scores cannot)."""
         t0 = time.perf_counter()
         n = len(x_tilde)
         labels = label_view(y_tilde)
         hyp = self._hypotheses(labels)
         valid = self._valid(labels, hyp) if self.use_labels else None
-        scores = torch.zeros(n, n, dtype=torch.float64)
+        per_hyp = torch.zeros(2, 2, n, n, dtype=torch.float64)  # [h_i, h_j, i, j]
         if self.score in ("gaussian", "both"):
-            scores += self.gaussian_scores(x_tilde, radius, hyp, valid)
+            per_hyp += self.gaussian_scores(x_tilde, radius, hyp, valid)
         if self.score in ("network", "both"):
-            scores += self.network_scores(x_tilde, radius)
+            per_hyp += self.network_scores(x_tilde, radius)
         allowed = valid.any(dim=(2, 3)) if valid is not None else torch.ones(n, n, dtype=torch.bool)
         allowed.fill_diagonal_(False)
-        scores = torch.where(allowed, scores, torch.full_like(scores, INVALID))
+        ok = ~torch.isnan(hyp[..., 0]).T  # (2, n): admissible hypotheses
+        admissible = valid.permute(2, 3, 0, 1) if valid is not None else ok[:, None, :, None] & ok[None, :, None, :]
+        per_hyp = torch.where(admissible & allowed, per_hyp, torch.full_like(per_hyp, INVALID))
+        scores = per_hyp.amax(dim=(0, 1))  # each pair under its likeliest weight hypotheses
         perm = assignment(scores)
-        weights = self._weights(labels, hyp, valid, perm)
+        if not self.two_cycles:
+            perm = self._no_two_cycles(scores, perm)
+        perm = self._orient(perm, scores, self._weights(per_hyp, hyp, perm), x_tilde, lo, hi)
+        weights = self._weights(per_hyp, hyp, perm)
         count = allowed.sum(dim=1).double()
         return Pairing(perm, weights, float(count.mean()), float((1 / count.clamp_min(1)).mean()),
                        time.perf_counter() - t0, {"score": self.score, "labels": self.use_labels})
@@ -153,7 +221,8 @@ class PairingAttack:
         """The same upload with the recovered pi and weights in place of the oracle's (radius as reported)."""
         if obs.radius is None:
             raise ValueError("pairing: needs the radius the party reported")
-        pairing = self.recover(obs.x_tilde.cpu(), y_tilde, float(obs.radius))
+        lo, hi = (None if b is None else b.cpu() for b in (obs.lo, obs.hi))
+        pairing = self.recover(obs.x_tilde.cpu(), y_tilde, float(obs.radius), lo, hi)
         extras = {**obs.extras, "pairing": "recovered", "pairing-candidates": pairing.candidates,
                   "pairing-chance": pairing.chance(), "pairing-seconds": pairing.seconds}
         if truth is not None:  # simulation only: how much of pi the attacker got right
@@ -192,68 +261,94 @@ class PairingAttack:
         return same & ok[:, None, :, None] & ok[None, :, None, :]
 
     @staticmethod
-    def _weights(labels: LabelView, hyp: torch.Tensor, valid: torch.Tensor | None, perm: torch.Tensor) -> torch.Tensor:
-        """The weights of the hypothesis under which i -> perm[i] is consistent (the first one if several)."""
+    def _weights(per_hyp: torch.Tensor, hyp: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+        """(w1, w2) of each encoding under the hypothesis its pair i -> perm[i] scored best with."""
         n = len(perm)
-        w = torch.empty(n, 2, dtype=torch.float64)
-        for i in range(n):
-            h = 0
-            if valid is not None:
-                ok = valid[i, int(perm[i])].any(dim=1).nonzero()
-                h = int(ok[0]) if len(ok) else 0
-            if torch.isnan(hyp[i, h, 0]):
-                h = 1 - h
-            w[i] = hyp[i, h]
-        return w.float()
+        ar = torch.arange(n)
+        h = per_hyp[:, :, ar, perm].amax(dim=1).argmax(dim=0)
+        h = torch.where(torch.isnan(hyp[ar, h, 0]), 1 - h, h)  # an inadmissible one only where nothing fits
+        return hyp[ar, h].float()
 
     # ---------------------------------------------------------------------------- the two scores
     @torch.no_grad()
     def gaussian_scores(self, x_tilde: torch.Tensor, radius: float, hyp: torch.Tensor,
                         valid: torch.Tensor | None, block: int = 32) -> torch.Tensor:
-        """log p(x~_i, x~_j | x~_i's partner leads x~_j) - log p(x~_i) p(x~_j), exactly under the Gaussian prior.
+        """log p(x~_i, x~_j | x~_i's partner leads x~_j) - log p(x~_i) p(x~_j), exactly under the Gaussian prior,
+        for each weight hypothesis of i and of j: (2, 2, n, n), indexed [h_i, h_j, i, j].
 
         In the prior's eigenbasis every covariance is diagonal: along a direction of variance g the
         coordinates (u, v) of encodings i and j have variances s_i = (w_i1^2 + w_i2^2) g + w_i2^2 sigma^2,
         s_j likewise, and covariance c = w_i2 w_j1 g (sigma^2 = r^2 / d). With rho = c / sqrt(s_i s_j)
         a bivariate normal gives -1/2 log(1 - rho^2) - (rho^2 (u^2/s_i + v^2/s_j) - 2 rho u v / sqrt(s_i s_j))
         / (2 (1 - rho^2)), summed over the k directions and, for the isotropic rest, over its d - k
-        directions at once. Each pair takes the best label-consistent weight hypothesis.
+        directions at once.
         """
-        prior = self.prior
+        view = self._view = GaussianView.of(x_tilde, self.prior, radius)
         n = len(x_tilde)
-        flat = x_tilde.reshape(n, -1).double()
-        d = flat.shape[1]
-        z = flat - flat.mean(dim=0)  # E x~ = E x for any weights: the uploads' own mean
-        u = z @ prior.basis  # (n, k)
-        rest2 = (z.pow(2).sum(dim=1) - u.pow(2).sum(dim=1)).clamp_min(0)  # ||z_perp||^2
-        rest_dot = z @ z.T - u @ u.T  # <z_i, z_j> on the isotropic rest
-        g = torch.cat([prior.variances, torch.tensor([prior.residual], dtype=torch.float64)])  # (k+1,)
-        mult = torch.ones_like(g)
-        mult[-1] = max(d - prior.rank, 0)
-        sigma2 = radius**2 / d
-        coords2 = torch.cat([u.pow(2), rest2.unsqueeze(1)], dim=1)  # (n, k+1): u^2, and ||z_perp||^2
-        out = torch.full((n, n), INVALID, dtype=torch.float64)
+        out = torch.full((2, 2, n, n), INVALID, dtype=torch.float64)
         h_weights = torch.nan_to_num(hyp, nan=0.5)
         for hi in range(2):
             for hj in range(2):
                 wi, wj = h_weights[:, hi], h_weights[:, hj]  # (n, 2) each
-                s_i = (wi.pow(2).sum(dim=1, keepdim=True) * g + wi[:, 1:].pow(2) * sigma2)  # (n, k+1)
-                s_j = (wj.pow(2).sum(dim=1, keepdim=True) * g + wj[:, 1:].pow(2) * sigma2)
                 for start in range(0, n, block):
-                    rows = slice(start, start + block)
-                    c = wi[rows, 1, None, None] * wj[None, :, 0, None] * g  # (b, n, k+1)
-                    si, sj = s_i[rows, None, :], s_j[None, :, :]
-                    rho2 = (c.pow(2) / (si * sj)).clamp(max=1 - 1e-12)
-                    quad = coords2[rows, None, :] / si + coords2[None, :, :] / sj
-                    cross = torch.cat([u[rows, None, :] * u[None, :, :], rest_dot[rows, :, None]], dim=2)
-                    # the isotropic rest: its d - k directions share one rho, and coords2/cross already sum them
-                    llr = -0.5 * torch.log1p(-rho2) * mult
-                    llr -= (rho2 * quad - 2 * c * cross / (si * sj)) / (2 * (1 - rho2))
-                    llr = llr.sum(dim=2)  # (b, n)
-                    if valid is not None:
-                        llr = torch.where(valid[rows, :, hi, hj], llr, torch.full_like(llr, INVALID))
-                    out[rows] = torch.maximum(out[rows], llr)
+                    rows = torch.arange(start, min(start + block, n))
+                    c = wi[rows, 1, None] * wj[None, :, 0]  # (b, n): the shared image's weight product
+                    cols = torch.arange(n)[None, :]
+                    out[hi, hj, rows] = view.llr(rows[:, None], cols, wi[rows, None], wj[None, :], c)
         return out
+
+    @staticmethod
+    def _no_two_cycles(scores: torch.Tensor, perm: torch.Tensor, rounds: int = 50) -> torch.Tensor:
+        """Assign again without the 2-cycles an assignment chose, until it chooses none.
+
+        Pairwise scores count a 2-cycle i <-> j's shared image twice (score(i -> j) + score(j -> i) for one
+        pair of encodings that look alike), and real images are heavier-tailed than the Gaussian model, so a
+        high-energy image makes false 2-cycles win. A uniform derangement has half a 2-cycle on average
+        (about one pair of encodings in two parties), so the attacker rules them out: the weaker direction
+        of each 2-cycle found is forbidden, and the assignment is solved again. Measured on 200 CIFAR-10
+        images at tau = 1: 52 -> 62.5 % of partners with Algorithm 1's weights, 90 -> 89.5 % with fixed ones.
+        """
+        for _ in range(rounds):
+            pairs = [(i, int(j)) for i, j in enumerate(perm.tolist()) if int(perm[j]) == i and i < j]
+            if not pairs:
+                break
+            for i, j in pairs:
+                weak = (i, j) if scores[i, j] < scores[j, i] else (j, i)
+                scores[weak] = INVALID
+            perm = assignment(scores)
+        return perm
+
+    def _orient(self, perm: torch.Tensor, scores: torch.Tensor, weights: torch.Tensor, x_tilde: torch.Tensor,
+                lo: torch.Tensor | None, hi: torch.Tensor | None) -> torch.Tensor:
+        """Turn each cycle the way its images fit the valid box, where the scores cannot tell.
+
+        With fixed weights the Gaussian model gives a cycle and its reverse the same likelihood (the
+        same covariance); only the labels, or something non-Gaussian, orient it. Here: solve the cycle's
+        mixing (W^-1 x~, exact at r = 0) both ways and keep the orientation whose images leave the valid
+        box less. Only cycles whose reverse is label-consistent and scores the same are turned.
+        """
+        if lo is None and hi is None:
+            return perm
+        from fedsmix.metrics import cycles
+
+        perm = perm.clone()
+        flat = x_tilde.reshape(len(x_tilde), -1).double()
+        shape = (1, *x_tilde.shape[1:])
+        lo = lo.expand(shape).reshape(1, -1).double() if lo is not None else None
+        hi = hi.expand(shape).reshape(1, -1).double() if hi is not None else None
+        for cycle in cycles(perm.numpy()):
+            if len(cycle) < 3:
+                continue  # a 2-cycle is its own reverse
+            idx = torch.from_numpy(cycle)
+            nxt, prv = torch.roll(idx, -1), torch.roll(idx, 1)
+            forward, backward = scores[idx, nxt].sum(), scores[idx, prv].sum()
+            if bool((scores[idx, prv] <= INVALID / 2).any()) or abs(float(forward - backward)) > 1e-6 * abs(
+                    float(forward)) + 1e-9:
+                continue
+            if _box_violation(flat[idx], weights[idx], prv, idx, lo, hi) < _box_violation(
+                    flat[idx], weights[idx], nxt, idx, lo, hi):
+                perm[idx] = prv
+        return perm
 
     def fit_network(self, radius: float) -> PairingAttack:
         """Train the comparison network on public images encoded by the parties' encoder at their radius:

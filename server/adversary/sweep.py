@@ -114,8 +114,8 @@ def sweep_label(settings: Settings, parties: int = 0) -> str:
     for key, default in NON_DEFAULT_LABELS:
         value = getattr(settings, key)
         if value != default:
-            named = key in ("public_classes", "attack_pairing", "variance_centring")
-            parts.append(f"{key.split('_')[0]}-{value}" if named else value)
+            prefix = {"public_classes": "public", "attack_pairing": "pairing", "variance_centring": "centring"}
+            parts.append(f"{prefix[key]}-{value}" if key in prefix else value)
     if parties:
         parts.append(f"{parties}parties")
     return "-".join(parts)
