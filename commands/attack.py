@@ -4,6 +4,8 @@
         --attacks linear,mmse,unet
     python -m fedsmix attack --preset configs/table4-cifar10.yaml --parties 10 --victims 1000 \
         --radius-mode theorem,pixel-mapped --attacks linear,mmse      # in EfficientNet-Lite0 feature space
+    python -m fedsmix attack --preset configs/paper-tables-1-2.yaml --dataset mnist,cifar10 --victims 500 \
+        --attacks linear --variant mixing-weights=algorithm1          # the paper's encoder beside Algorithm 1
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def parse_taus(text: str) -> list[float]:
 def cmd_attack(args: argparse.Namespace) -> int:
     from commands.cli import parse_sets
     from fedsmix.device import select_device
-    from server.adversary.sweep import run_sweep
+    from server.adversary.sweep import run_sweep, write_comparison
 
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     for name in attacks:
@@ -65,8 +67,10 @@ def cmd_attack(args: argparse.Namespace) -> int:
             overrides[key] = value
     modes = [m.strip() for m in (args.radius_mode or "").split(",") if m.strip()] or [None]
     datasets = [d.strip() for d in args.dataset.split(",") if d.strip()]
-    runs = [  # (dataset, radius mode) pairs; every one validated before any work
-        load_settings({**overrides, "dataset": d, **({"radius-mode": m} if m else {})}) for d in datasets for m in modes
+    variants = [{}] + [parse_sets([v for v in text.split(",") if v.strip()], "--variant") for text in args.variant]
+    runs = [  # (dataset, radius mode, variant) triples; every one validated before any work
+        load_settings({**overrides, "dataset": d, **({"radius-mode": m} if m else {}), **variant})
+        for d in datasets for m in modes for variant in variants
     ]
     first = runs[0]
     device = select_device(args.device or first.device)
@@ -87,7 +91,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
     # the sweep prints its own line per tau; the events go to the file for `fedsmix show --follow <out>`
     progress = Progress(out / FILE, echo=False, interval=first.progress_interval)
     progress.emit("run-start", **{"run-dir": str(out), "strategies": ["attack"], "dataset": ",".join(datasets)})
-    tables = []
+    tables, results = [], []
     for settings in runs:
         result = run_sweep(
             settings,
@@ -103,6 +107,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
             progress=progress.bind(strategy=f"attack {settings.dataset} {settings.radius_mode}"),
         )
         tables.append(Path(result["files"][0]).read_text())
+        results.append(result)
+    if args.variant:  # several settings per data set: every variant beside the base and the paper
+        tables.append(Path(write_comparison(out, results)).read_text())
     (out / "tables.md").write_text("\n".join(tables))
     progress.emit("run-end", failures=[])
     print("\n" + "\n".join(tables), flush=True)
@@ -139,6 +146,14 @@ def register(subparsers) -> None:
     )
     p.add_argument("--mmse-rank", type=int, default=256, help="rank of the MMSE prior's covariance (plus a diagonal)")
     p.add_argument("--device", default="", help="auto, cpu or cuda (default: the settings' device)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="also sweep with these settings (repeatable); comparison.md puts every variant beside the paper, e.g. "
+        "--preset configs/paper-tables-1-2.yaml --variant mixing-weights=algorithm1",
+    )
     p.add_argument("--preset", default="")
     p.add_argument(
         "--set",

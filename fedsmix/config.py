@@ -181,6 +181,34 @@ class Settings(BaseModel):
     unet_epochs: int = Field(2, ge=1)
     unet_train_size: int = Field(2000, ge=32)
     public_size: int = Field(0, ge=0, description="attacker's public samples: the first N of Tiny-ImageNet's; 0 = all")
+    # issue 17: paper's experiment settings (its tables use fixed weights and ImageNet normalisation,
+    # not Algorithm 1), both calibrations of its two versions, the published post-processing screen, and
+    # an attacker who recovers the pairing instead of being handed it
+    mixing_weights: Literal["algorithm1", "fixed"] = Field(
+        "algorithm1", description="singularized: algorithm1 = w uniform, normalised, max <= alpha; fixed = w1 alpha"
+    )
+    normalisation: Literal["dataset", "imagenet"] = Field(
+        "dataset", description="pixels: the data set's mean/std, or ImageNet's (grey images become 3 channels)"
+    )
+    calibration: Literal["scalar", "directional", "directional-eig"] = Field(
+        "scalar", description="r^2 = V k (scalar), d V k (directional), d lambda_max k; k = alpha^2/(tau(1-alpha)^2)-1"
+    )
+    variance_centring: Literal["per-pixel", "global"] = Field(
+        "per-pixel", description="V of Theorem 4.2: centred per coordinate, or on one global mean (the paper's code)"
+    )
+    screen: Literal["none", "ssim", "snr", "lpips"] = Field(
+        "none", description="discard encodings too similar to their source (ssim/snr >= threshold, lpips < threshold)"
+    )
+    screen_threshold: float = Field(0.0, description="the screen's threshold (SSIM, SNR in dB, or LPIPS distance)")
+    public_classes: Literal["all", "cifar10"] = Field(
+        "all", description="attacker's public Tiny-ImageNet: all classes, or those matching CIFAR-10's"
+    )
+    pairing_score: Literal["gaussian", "network", "both"] = Field(
+        "gaussian", description="recovered pairing: Gaussian likelihood ratio, a comparison network, or their sum"
+    )
+    attack_pairing: Literal["oracle", "recovered"] = Field(
+        "oracle", description="threat model: pairing and weights from the simulation oracle, or recovered from uploads"
+    )
     # outputs and hardware
     runs_dir: str = "runs"
     progress_interval: float = Field(
@@ -268,6 +296,14 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _radius_given_when_fixed(self) -> Settings:
+        if self.normalisation == "imagenet" and self.backbone != "none":
+            raise ValueError("normalisation 'imagenet' applies to pixels; a backbone normalises its own inputs")
+        if self.attack_pairing == "recovered" and (self.encoder != "singularized" or self.encodings_per_sample != 1
+                                                   or self.permutation != "derangement" or self.screen != "none"):
+            raise ValueError("attack-pairing 'recovered' recovers singularized mixup's derangement (one encoding per "
+                             "sample, unscreened); InstaHide's pairing is measured by server/adversary/pairing.py")
+        if self.screen != "none" and self.encoder != "singularized":
+            raise ValueError(f"screen {self.screen!r}: the post-processing screen applies to singularized mixup")
         if self.radius_mode == "fixed" and self.radius <= 0 and self.encoder == "singularized":
             raise ValueError("radius-mode 'fixed' needs radius > 0")
         linear = self.trainer.startswith(("ridge", "lda"))

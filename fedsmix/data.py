@@ -7,7 +7,7 @@ partition: thirty simulated parties must not each hold a float copy of CIFAR-10.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -59,6 +59,22 @@ REGISTRY: dict[str, DatasetSpec] = {
     "tiny-imagenet": DatasetSpec(
         "tiny-imagenet", 200, 3, 32, (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761), "tinyimagenet32.npz"
     ),
+}
+
+
+# Tiny-ImageNet's classes that depict a CIFAR-10 class (WordNet ids, checked against the archive's `words`).
+# CIFAR-10's airplane and horse have no counterpart among the 200 classes. (The published paper's curated
+# set lists other ids, several of which are not these objects: n04099969 is a rocking chair, n03930313 a
+# picket fence, n04507155 an umbrella, n02814860 a beacon; see docs/attacks.md.)
+CIFAR10_MATCHED_WNIDS: dict[str, tuple[str, ...]] = {
+    "automobile": ("n02814533", "n03100240", "n03670208", "n04285008"),  # station wagon, convertible, limo, sports car
+    "bird": ("n01855672", "n02002724", "n02056570", "n02058221"),  # goose, black stork, king penguin, albatross
+    "cat": ("n02123045", "n02123394", "n02124075"),  # tabby, Persian, Egyptian cat
+    "deer": ("n02423022",),  # gazelle
+    "dog": ("n02085620", "n02094433", "n02099601", "n02099712", "n02106662", "n02113799"),
+    "frog": ("n01641577", "n01644900"),  # bullfrog, tailed frog
+    "ship": ("n03662601", "n03447447"),  # lifeboat, gondola
+    "truck": ("n03796401", "n03977966"),  # moving van, police van
 }
 
 
@@ -168,13 +184,49 @@ def load_split(name: str, split: str, data_dir: str = "", download: bool = False
     )
 
 
+def class_ids(name: str, data_dir: str = "") -> np.ndarray:
+    """The class ids (WordNet ids for Tiny-ImageNet) that a bundle's labels index, where it names them."""
+    root = default_data_dir(data_dir)
+    path = None if root is None else root / spec(name).npz
+    if path is None or not path.is_file():
+        raise DatasetUnavailable(f"{name}: no archive with class names in {root}")
+    with np.load(path) as archive:
+        if "wnids" not in archive:
+            raise DatasetUnavailable(f"{path}: has no class names (array 'wnids')")
+        return archive["wnids"].astype(str)
+
+
 def to_unit(images: np.ndarray, ds: DatasetSpec) -> torch.Tensor:
     """Raw images -> a new float32 tensor in [0, 1] (never a view: the loaded split is cached)."""
     raw = torch.from_numpy(np.ascontiguousarray(images))
     return raw.div(ds.pixel_scale) if raw.dtype == torch.float32 else raw.float().div_(ds.pixel_scale)
 
 
+# ImageNet's statistics: the paper's experiment code normalises every data set with them (appendix F),
+# MNIST replicated to three channels; `normalisation = "imagenet"` reproduces that.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+NORMALISATIONS = ("dataset", "imagenet")
+
+
+def pixel_spec(ds: DatasetSpec, normalisation: str = "dataset") -> DatasetSpec:
+    """The spec pixels are normalised with: the data set's own statistics, or ImageNet's in 3 channels."""
+    if normalisation == "dataset":
+        return ds
+    if normalisation == "imagenet":
+        return replace(ds, channels=3, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    raise ValueError(f"normalisation: unknown {normalisation!r}; allowed: {', '.join(NORMALISATIONS)}")
+
+
+def is_grey(ds: DatasetSpec) -> bool:
+    """Stored with one channel (a 3-channel normalisation replicates it)."""
+    return REGISTRY[ds.name].channels == 1 if ds.name in REGISTRY else ds.channels == 1
+
+
 def normalize(unit: torch.Tensor, ds: DatasetSpec) -> torch.Tensor:
+    """[0, 1] images -> normalised; grey images are replicated to a 3-channel spec's channels."""
+    if unit.dim() == 4 and unit.shape[1] == 1 and ds.channels == 3:
+        unit = unit.expand(-1, 3, -1, -1)
     mean = torch.tensor(ds.mean, dtype=unit.dtype, device=unit.device).view(1, -1, 1, 1)
     std = torch.tensor(ds.std, dtype=unit.dtype, device=unit.device).view(1, -1, 1, 1)
     return (unit - mean) / std

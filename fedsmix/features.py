@@ -25,7 +25,7 @@ from torch import nn
 
 from . import data as datalib
 from .config import Settings
-from .encoders import data_statistics, noise_multiplier, sample_sphere
+from .encoders import calibrate, data_statistics, sample_sphere
 from .runs import atomic_write_json, sha256_file
 
 CACHE_ENV = "FEDSMIX_FEATURE_CACHE"
@@ -380,11 +380,12 @@ def pixel_mapped_radius(
     backbone f sees it. Measured on up to `samples` of the party's images.
     """
     pixels, spec = party_pixels(settings, partition.rows, partition.split)
-    stats = data_statistics(pixels, generator)
-    m_f = noise_multiplier(settings.tau, settings.alpha, stats.c)
+    stats = data_statistics(pixels, generator, eigenvalue=settings.calibration == "directional-eig",
+                            centring=settings.variance_centring)
+    radius = calibrate(stats, settings.tau, settings.alpha, settings.calibration).radius  # in pixels
     pick = torch.randperm(len(pixels), generator=generator)[: min(samples, len(pixels))]
     x = pixels[pick]
-    noise = sample_sphere(len(x), tuple(x.shape[1:]), m_f * stats.D, generator)
+    noise = sample_sphere(len(x), tuple(x.shape[1:]), radius, generator)
     lo, hi = datalib.valid_range(spec)
     noisy = torch.maximum(torch.minimum(x + noise, hi), lo)
     f_clean = partition.x[pick].double()

@@ -21,6 +21,7 @@ from . import data as datalib
 from .config import Settings
 from .encoders import (
     Calibration,
+    DataStatistics,
     Encoded,
     EncoderParams,
     calibrate,
@@ -33,7 +34,7 @@ from .faults import UPDATE_FAULTS, corrupt, corruption, falsify_update, flip_cla
 from .models import new_classifier
 from .partition import partition_indices
 from .seeding import generator
-from .space import load_public_pool, to_space, train_subset_rows
+from .space import load_public_pool, pixel_spec, to_space, train_subset_rows
 from .training import (
     StepTrace,
     TrainReport,
@@ -90,21 +91,29 @@ def load_partition(settings: Settings, party: int, num_parties: int) -> Partitio
         rows = subset[rows]
     x = to_space(settings, raw, "train", rows)
     labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
-    return Partition(party, x, labels, raw.spec.num_classes, raw.spec, rows)
+    return Partition(party, x, labels, raw.spec.num_classes, pixel_spec(settings, raw.spec), rows)
 
 
 # --------------------------------------------------------------------------------- mixup-union
-def calibrate_party(settings: Settings, part: Partition) -> Calibration:
-    """Theorem 4.2 on the party's own data (or the configured radius, reported the same way)."""
-    stats = data_statistics(part.x, generator(settings.seed, part.party, "calibrate"))
+def party_statistics(settings: Settings, part: Partition) -> DataStatistics:
+    """V, D (and lambda_max for `calibration = "directional-eig"`) of the party's own data."""
+    return data_statistics(part.x, generator(settings.seed, part.party, "calibrate"),
+                           eigenvalue=settings.calibration == "directional-eig", centring=settings.variance_centring)
+
+
+def calibrate_party(settings: Settings, part: Partition, stats: DataStatistics | None = None) -> Calibration:
+    """Theorem 4.2 (in the `calibration` asked for) on the party's own data, or the configured radius,
+    reported with that calibration's bound. `stats`: the party's statistics when already estimated."""
+    stats = stats or party_statistics(settings, part)
     if settings.radius_mode == "fixed":
-        return fixed_radius(stats, settings.radius, settings.tau, settings.alpha)
+        return fixed_radius(stats, settings.radius, settings.tau, settings.alpha, calibration=settings.calibration)
     if settings.radius_mode == "pixel-mapped":
         from .features import pixel_mapped_radius
 
         radius = pixel_mapped_radius(settings, part, generator(settings.seed, part.party, "pixel-mapped"))
-        return fixed_radius(stats, radius, settings.tau, settings.alpha, mode="pixel-mapped")
-    return calibrate(stats, settings.tau, settings.alpha)
+        return fixed_radius(stats, radius, settings.tau, settings.alpha, mode="pixel-mapped",
+                            calibration=settings.calibration)
+    return calibrate(stats, settings.tau, settings.alpha, settings.calibration)
 
 
 def encoder_params(settings: Settings, radius: float) -> EncoderParams:
@@ -117,13 +126,15 @@ def encoder_params(settings: Settings, radius: float) -> EncoderParams:
         cap=settings.coefficient_cap,
         private_min=settings.private_mass_min,
         encodings_per_sample=settings.encodings_per_sample,
+        fixed_weights=settings.mixing_weights == "fixed",
     )
 
 
 def encode_partition(
     settings: Settings, part: Partition, calibration: Calibration | None = None
 ) -> tuple[Encoded, Calibration]:
-    """Calibrate and encode the whole partition once, from the party's own seed."""
+    """Calibrate and encode the whole partition once, from the party's own seed, then screen it
+    (`screen`): the oracle's replay runs this same function, so it reproduces a screened upload too."""
     calibration = calibration or calibrate_party(settings, part)
     public = load_public_pool(settings, part.spec) if settings.encoder == "instahide-cross" else None
     enc = encode(
@@ -133,7 +144,67 @@ def encode_partition(
         generator(settings.seed, part.party, "encode"),
         public=public,
     )
+    if settings.screen != "none":
+        enc = enc.select(screen_keep(settings, part, enc))
     return enc, calibration
+
+
+# ------------------------------------------------------------------------------ post-processing screen
+SCREENS = ("ssim", "snr", "lpips")
+
+
+def screen_scores(settings: Settings, part: Partition, enc: Encoded, measure: str | None = None) -> torch.Tensor:
+    """How similar each encoding is to the private sample that leads it (the published version's screen).
+
+    ssim: SSIM of the upload and its source as [0, 1] images (the upload clamped to the valid range);
+    snr: 10 log10(||x||^2 / ||x - x~||^2) in the mixing space, the upload taken as a guess of its source;
+    lpips: LPIPS distance (AlexNet), which needs torchvision's ImageNet AlexNet weights on disk.
+    """
+    measure = measure or settings.screen
+    lead = part.x[enc.sources[:, 0]]
+    if measure == "snr":
+        from .metrics import snr_db
+
+        return snr_db(lead, enc.x)
+    if len(part.sample_shape) != 3:
+        raise ValueError(f"screen {measure!r}: needs images (C, H, W); use 'snr' for feature vectors")
+    lo, hi = datalib.valid_range(part.spec)
+    unit = (lambda t: datalib.denormalize(torch.maximum(torch.minimum(t, hi), lo), part.spec).clamp(0, 1))
+    if measure == "ssim":
+        from .metrics import ssim
+
+        return torch.cat([ssim(unit(lead[s : s + 1024]), unit(enc.x[s : s + 1024])) for s in range(0, len(lead), 1024)])
+    if measure == "lpips":
+        return lpips_distance(unit(lead), unit(enc.x))
+    raise ValueError(f"screen: unknown {measure!r}; allowed: none, {', '.join(SCREENS)}")
+
+
+def screen_keep(settings: Settings, part: Partition, enc: Encoded) -> torch.Tensor:
+    """Rows that pass the screen: similarity below `screen-threshold` (LPIPS: distance at or above it)."""
+    scores = screen_scores(settings, part, enc)
+    keep = scores >= settings.screen_threshold if settings.screen == "lpips" else scores < settings.screen_threshold
+    return keep.nonzero().squeeze(1)
+
+
+def lpips_distance(a01: torch.Tensor, b01: torch.Tensor) -> torch.Tensor:
+    """Per-image LPIPS (torchmetrics, AlexNet); a clear error when its backbone weights are not on disk."""
+    from torchmetrics.functional.image.lpips import learned_perceptual_image_patch_similarity
+
+    if a01.shape[1] == 1:
+        a01, b01 = a01.expand(-1, 3, -1, -1), b01.expand(-1, 3, -1, -1)
+    try:
+        return torch.cat([
+            learned_perceptual_image_patch_similarity(
+                a01[s : s + 256].float(), b01[s : s + 256].float(), net_type="alex", reduction="none", normalize=True
+            ).reshape(-1)
+            for s in range(0, len(a01), 256)
+        ])
+    except (OSError, RuntimeError, ValueError) as err:  # torchvision tries to download the weights
+        raise ValueError(
+            f"screen 'lpips': LPIPS needs torchvision's ImageNet AlexNet weights in the torch hub cache "
+            f"(~/.cache/torch/hub/checkpoints), which this machine cannot download ({type(err).__name__}); "
+            f"use screen = 'ssim' or 'snr'"
+        ) from None
 
 
 def upload_inputs(x: torch.Tensor, dtype: str) -> np.ndarray:
@@ -186,9 +257,13 @@ def prepare_upload(settings: Settings, party: int, num_parties: int) -> Upload:
         "V": cal.V,
         "c": cal.c,
         "snr-bound": cal.snr_bound,
+        "calibration-variance": cal.variance,  # V_eff: V (scalar), d V (directional), d lambda_max (-eig)
         "snr-empirical": empirical_snr(part.x, enc),
+        "screened-fraction": 1.0 - len(enc) / (len(part.x) * settings.encodings_per_sample),
         "encode-seconds": time.perf_counter() - t0,
     }
+    if cal.lambda_max is not None:
+        metrics["lambda-max"] = cal.lambda_max
     kind = corruption(settings.fault, party)  # fault injection: a dishonest party
     if kind == "replay":
         arrays, metrics = replayed_upload(settings, party, num_parties)

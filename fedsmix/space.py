@@ -14,11 +14,16 @@ from . import data as datalib
 from .config import Settings
 
 
+def pixel_spec(settings: Settings, ds: datalib.DatasetSpec | None = None) -> datalib.DatasetSpec:
+    """The run's pixel normalisation (`normalisation`) of `ds` (default: the run's data set)."""
+    return datalib.pixel_spec(ds or datalib.dataset_spec(settings), settings.normalisation)
+
+
 def to_space(settings: Settings, raw: datalib.RawSplit, split: str, rows: np.ndarray | None) -> torch.Tensor:
-    """Pixels normalised per the paper, or backbone features when a backbone is configured."""
+    """Pixels normalised per `normalisation`, or backbone features when a backbone is configured."""
     if settings.backbone == "none":
         images = raw.images if rows is None else raw.images[rows]
-        return datalib.normalize(datalib.to_unit(images, raw.spec), raw.spec)
+        return datalib.normalize(datalib.to_unit(images, raw.spec), pixel_spec(settings, raw.spec))
     from .features import features_for
 
     return features_for(settings, split, rows)
@@ -27,7 +32,7 @@ def to_space(settings: Settings, raw: datalib.RawSplit, split: str, rows: np.nda
 def mixing_shape(settings: Settings) -> tuple[int, ...]:
     """Shape of one sample where mixing happens: pixels (C, H, W) or a feature vector."""
     if settings.backbone == "none":
-        return datalib.dataset_spec(settings).sample_shape
+        return pixel_spec(settings).sample_shape
     from .features import feature_dim
 
     return (feature_dim(settings),)
@@ -59,16 +64,35 @@ def load_train_all(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     return to_space(settings, raw, "train", rows), torch.from_numpy(labels.astype(np.int64))
 
 
+def public_rows(settings: Settings, labels: np.ndarray) -> np.ndarray | None:
+    """Rows of the public split that `public-classes` keeps (None: all of them)."""
+    if settings.public_classes == "all":
+        return None
+    wnids = datalib.class_ids("tiny-imagenet", settings.data_dir)
+    wanted = {w for ids in datalib.CIFAR10_MATCHED_WNIDS.values() for w in ids}
+    missing = wanted - set(wnids)
+    if missing:
+        raise datalib.DatasetUnavailable(f"public-classes 'cifar10': Tiny-ImageNet lacks {sorted(missing)}")
+    keep = np.isin(wnids[labels], sorted(wanted))
+    return np.flatnonzero(keep)
+
+
 def load_public_pool(settings: Settings, private: datalib.DatasetSpec) -> torch.Tensor:
-    """Tiny-ImageNet (the public set) mapped to the private images' shape and normalisation."""
+    """Tiny-ImageNet (the public set) mapped to the private images' shape and normalisation.
+
+    `private` is the spec the private pixels are normalised with; grey private data get grey public
+    images (replicated to three channels where the normalisation has three). `public-classes`
+    restricts the pool to the classes that match CIFAR-10's.
+    """
     public = datalib.load_split("tiny-imagenet", "train", settings.data_dir, settings.download)
-    unit = datalib.to_unit(public.images, public.spec)
+    rows = public_rows(settings, public.labels)
+    unit = datalib.to_unit(public.images if rows is None else public.images[rows], public.spec)
     c, h, w = private.sample_shape
-    if c == 1:
+    if c == 1 or datalib.is_grey(private):
         unit = unit.mean(dim=1, keepdim=True)
     if unit.shape[-2:] != (h, w):
         unit = torch.nn.functional.interpolate(unit, size=(h, w), mode="bilinear", antialias=True, align_corners=False)
-    return datalib.normalize(unit.clamp(0, 1), private)
+    return datalib.normalize(unit.clamp(0, 1), private).contiguous()
 
 
 def public_in_space(settings: Settings, spec: datalib.DatasetSpec | None = None) -> torch.Tensor:
@@ -79,5 +103,5 @@ def public_in_space(settings: Settings, spec: datalib.DatasetSpec | None = None)
         from .features import public_features
 
         return public_features(settings, settings.public_size)
-    pool = load_public_pool(settings, spec or datalib.dataset_spec(settings))
+    pool = load_public_pool(settings, spec or pixel_spec(settings))
     return pool[: settings.public_size] if settings.public_size else pool

@@ -107,22 +107,26 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             )
     if mix.get("parties"):
         mode = mix.get("radius-mode", "theorem")
+        calibration = mix.get("calibration", "scalar")
         cal = Table(
-            title=f"mixup-union: calibration per party (radius mode {mode}, tau {mix.get('tau', '-')}; "
-            "SNR bound = effective bound for this r)"
+            title=f"mixup-union: calibration per party (radius mode {mode}, calibration {calibration}, tau "
+            f"{mix.get('tau', '-')}; r^2 = k V_eff; SNR bound = that calibration's bound for this r)"
         )
-        for col in ("party", "n", "D", "c", "m_f", "r", "SNR bound", "SNR measured"):
+        for col in ("party", "n", "D", "c", "V_eff", "m_f", "r", "SNR bound", "SNR measured", "screened %"):
             cal.add_column(col, justify="right")
         for party, p in sorted(mix["parties"].items(), key=lambda kv: int(kv[0])):
+            screened = p.get("screened-fraction")
             cal.add_row(
                 str(party),
                 str(p["num-examples"]),
                 f"{p['D']:.3g}",
                 f"{p['c']:.3f}",
+                f"{p['calibration-variance']:.4g}" if "calibration-variance" in p else "-",
                 f"{p['m-f']:.4g}",
                 f"{p['radius']:.4g}",
                 f"{p['snr-bound']:.2e}",
                 f"{p['snr-empirical']:.2e}",
+                _pct(screened) if screened is not None else "-",
             )
         console.print(cal)
     if results.get("run-dir"):

@@ -205,6 +205,9 @@ def run(ctx: RunContext) -> dict:
         "num-partitions": len(nodes),
         "union-size": len(union),
         "radius-mode": s.radius_mode,  # how each party chose r: see the per-party radius, m-f, snr-bound
+        "calibration": s.calibration,  # which bound r was chosen by (per party: calibration-variance, lambda-max)
+        "mixing-weights": s.mixing_weights,
+        "screen": s.screen,
         "tau": s.tau,
         "parties": {str(p): v for p, v in sorted(parties.items())},
         "dropped": dropped,

@@ -106,6 +106,9 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
         "",
         meta["budget"],
         "",
+        f"Threat model of the upload attacks: {meta.get('threat-model', 'oracle pairing')}; model updates: the "
+        "party's own update with its labels known.",
+        "",
         "Leakage: the strongest applicable attack on the same victims; gain = attack minus the trivial guess "
         "(the public mean sample), so 0 means the attacker learnt nothing a data-free guess would not give; "
         "gain vs party mean compares with the victim party's own mean sample (an oracle guess): positive only when "

@@ -23,12 +23,12 @@ import numpy as np
 import torch
 
 from fedsmix import data as datalib
-from fedsmix.config import Settings, load_settings
+from fedsmix.config import Settings, SettingsError, load_settings
 from fedsmix.metrics import snr_db
 from fedsmix.party import Partition, encode_partition, load_partition
 from fedsmix.runs import atomic_write_json, new_run_dir
 from server.adversary.analysis import Outcome, attack_cases, leakage
-from server.adversary.cases import Case, public_samples, update_case, upload_case
+from server.adversary.cases import Case, public_samples, threat_model, update_case, upload_case
 from server.adversary.registry import applicable, build_attacks
 
 from ..simulate import simulate_each
@@ -246,6 +246,9 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
     base = load_settings({**(overrides or {}), "preset": preset})
     plan = load_plan(preset, plan_overrides)
     rows = [parse_row(name) for name in plan.rows]
+    if base.attack_pairing != "oracle":  # the frontier's rows re-encode (T > 1) and mix other encoders
+        raise SettingsError("frontier: attack-pairing must be 'oracle' here; the recovered-pairing leakage of "
+                            "singularized mixup is measured by `fedsmix attack --set attack-pairing=recovered`")
     run_dir = new_run_dir(base.runs_dir, f"frontier-{datalib.dataset_key(base)}")
     print(f"fedsmix frontier: {len(rows)} rows, {plan.parties} parties; output in {run_dir}", flush=True)
     row_settings = [row.settings(base, run_dir / "runs", plan.parties) for row in rows]
@@ -290,6 +293,7 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
                       else f"round-{base.rounds + 1} update (the row's trained global model)")
     meta = {
         "dataset": base.dataset,
+        "threat-model": threat_model(base),
         "budget": (
             f"{base.dataset}, train-subset {base.train_subset or 'all'}, {plan.parties} parties "
             f"({base.partitioner}), seed {base.seed}; victims: party {plan.victim_party}'s first "

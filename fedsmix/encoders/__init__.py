@@ -8,19 +8,23 @@ import torch
 
 from .base import Encoded, concat
 from .calibration import (
+    CALIBRATIONS,
     Calibration,
     DataStatistics,
     calibrate,
     data_statistics,
     fixed_radius,
     noise_multiplier,
+    radius_bound,
     snr_bound,
+    top_eigenvalue,
 )
 from .instahide import instahide
 from .mixup import mixup
 from .singularized import sample_permutation, sample_sphere, sample_weights, singularized_mixup
 
 __all__ = [
+    "CALIBRATIONS", "radius_bound", "top_eigenvalue",
     "Calibration", "DataStatistics", "Encoded", "EncoderParams", "calibrate", "data_statistics", "encode",
     "fixed_radius", "instahide", "mixup", "noise_multiplier", "sample_permutation", "sample_sphere",
     "sample_weights", "singularized_mixup", "snr_bound", "empirical_snr",
@@ -37,6 +41,7 @@ class EncoderParams:
     cap: float = 0.65
     private_min: float = 0.3
     encodings_per_sample: int = 1
+    fixed_weights: bool = False  # singularized: w = (alpha, 1 - alpha) for every row (the paper's experiments)
 
 
 def encode(
@@ -50,7 +55,8 @@ def encode(
     parts = []
     for _ in range(params.encodings_per_sample):
         if params.name == "singularized":
-            parts.append(singularized_mixup(x, y, params.alpha, params.radius, generator, params.derangement))
+            parts.append(singularized_mixup(x, y, params.alpha, params.radius, generator, params.derangement,
+                                                fixed_weights=params.fixed_weights))
         elif params.name == "mixup":
             parts.append(mixup(x, y, params.k, params.cap, generator))
         elif params.name == "instahide-inside":

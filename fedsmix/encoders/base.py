@@ -26,6 +26,11 @@ class Encoded:
     def __len__(self) -> int:
         return len(self.x)
 
+    def select(self, rows: torch.Tensor) -> Encoded:
+        """The encodings `rows` only (the post-processing screen discards the others)."""
+        pick = (lambda t: None if t is None else t[rows])
+        return Encoded(**{name: pick(getattr(self, name)) for name in Encoded.__dataclass_fields__})
+
 
 def concat(parts: list[Encoded], rows: int) -> Encoded:
     """Join T encodings of the same private rows (encodings-per-sample)."""

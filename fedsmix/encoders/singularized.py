@@ -10,10 +10,20 @@ import torch
 from .base import Encoded
 
 
-def sample_weights(n: int, alpha: float, generator: torch.Generator, k: int = 2, device=None) -> torch.Tensor:
-    """Rows uniform on [0,1]^k, normalised to sum 1, resampled until max <= alpha (as InstaHide's code)."""
+def sample_weights(n: int, alpha: float, generator: torch.Generator, k: int = 2, device=None,
+                   fixed: bool = False) -> torch.Tensor:
+    """Rows uniform on [0,1]^k, normalised to sum 1, resampled until max <= alpha (as InstaHide's code).
+
+    fixed=True (k = 2 only): every row is (alpha, 1 - alpha), as the paper's experiment code mixes for
+    its Tables 1-2 (`mixing-weights = "fixed"`); Algorithm 1 draws them as above.
+    """
     if alpha * k < 1:
         raise ValueError(f"coefficient cap {alpha} (alpha or coefficient-cap) cannot hold for {k} weights summing to 1")
+    if fixed:
+        if k != 2:
+            raise ValueError(f"mixing-weights 'fixed' is defined for two-image mixing, got k = {k}")
+        weights = torch.tensor([[alpha, 1.0 - alpha]], dtype=torch.float64).expand(n, 2).float().contiguous()
+        return weights.to(device) if device is not None else weights
     weights = torch.empty(n, k, dtype=torch.float64)
     todo = torch.arange(n)
     while len(todo):
@@ -62,6 +72,7 @@ def singularized_mixup(
     generator: torch.Generator,
     derangement: bool = True,
     keep_noise: bool = False,
+    fixed_weights: bool = False,
 ) -> Encoded:
     """Encode a whole partition at once. x: (n, ...) any shape; y: (n, classes) one-hot or soft.
 
@@ -74,7 +85,7 @@ def singularized_mixup(
     """
     n = len(x)
     perm = sample_permutation(n, generator, derangement)
-    w = sample_weights(n, alpha, generator)
+    w = sample_weights(n, alpha, generator, fixed=fixed_weights)
     rows = max(1, BLOCK_VALUES // max(1, x[0].numel()))
     seeds = torch.randint(0, 2**63 - 1, ((n + rows - 1) // rows,), generator=generator).tolist()
     x = x.contiguous()

@@ -25,6 +25,18 @@ from fedsmix.training import StepTrace
 
 from .base import GradientObservation, Observation
 
+# The two threat models of the upload attacks (`attack-pairing`); every leakage table names its own.
+THREAT_MODELS = {
+    "oracle": "oracle pairing: the simulation hands the attacker the pairing pi, the weights and r (the paper's "
+              "conservative threat model)",
+    "recovered": "recovered pairing: pi and the weights are what the pairing attack recovers from the party's "
+                 "upload (soft labels, a comparison score, a matching); r from the party's report",
+}
+
+
+def threat_model(settings: Settings) -> str:
+    return THREAT_MODELS[settings.attack_pairing]
+
 
 @dataclass
 class Case:
@@ -90,9 +102,13 @@ def observation(enc: Encoded, radius: float | None, spec: datalib.DatasetSpec | 
 def upload_case(settings: Settings, part: Partition, enc: Encoded, calibration: Calibration, rows: torch.Tensor,
                 *, uploaded: np.ndarray | torch.Tensor | None = None,
                 bounds: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
-                prior_mean: torch.Tensor | None = None, **extras) -> Case:
+                prior_mean: torch.Tensor | None = None, pairing=None, **extras) -> Case:
     """A party's upload (as stored, when given; else as the encoder produced it, in the upload dtype)
-    with the secrets the oracle replayed, scored on `rows` of the party's samples."""
+    with the secrets the oracle replayed, scored on `rows` of the party's samples.
+
+    `attack-pairing = "recovered"`: the observation's pairing and weights are what `pairing` (a
+    `pairing.PairingAttack`) recovers from the upload and its soft labels; the oracle's pi only scores
+    that recovery (extras["pairing-accuracy"]). Theorem 4.1's bound stays that of the true W."""
     if uploaded is None:
         dtype = torch.float16 if settings.upload_dtype == "float16" else torch.float32
         x_tilde = enc.x.to(dtype).float()  # float16 uploads keep their precision for the attacks
@@ -106,6 +122,10 @@ def upload_case(settings: Settings, part: Partition, enc: Encoded, calibration: 
         party=part.party, tau=settings.tau, encoder=settings.encoder, **extras,
     )
     two_image = settings.encoder == "singularized" and enc.weights.shape[1] == 2 and settings.encodings_per_sample == 1
+    if settings.attack_pairing == "recovered":
+        if pairing is None:
+            raise ValueError("attack-pairing 'recovered' needs a pairing attack (server/adversary/pairing.py)")
+        obs = pairing.observation(obs, enc.y, truth=enc.sources[:, 1])
     return Case(
         party=part.party, observation=obs, truth=part.x[rows], rows=rows, mixed=x_tilde[rows],
         weights=enc.weights if two_image else None, perm=enc.sources[:, 1] if two_image else None,

@@ -17,11 +17,11 @@ import torch
 from fedsmix import data as datalib
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.seeding import generator
-from fedsmix.space import mixing_shape
+from fedsmix.space import mixing_shape, pixel_spec
 from fedsmix.tables import markdown, pm, signed, write_csv
 
 from .analysis import Outcome, attack_cases
-from .cases import public_samples, upload_case, valid_bounds
+from .cases import public_samples, threat_model, upload_case, valid_bounds
 from .figures import recovery_grid, stretched, unit_images
 from .oracle import ReplayMismatch, replay_party, stored_upload
 from .registry import build_attacks
@@ -38,12 +38,17 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
     """Attack `attack-victims` victims of each party with every configured attack."""
     s, t0 = ctx.settings, time.perf_counter()
     out_dir = Path(ctx.run_dir) / "adversary"
-    spec = datalib.dataset_spec(s)
+    spec = pixel_spec(s)
     to_unit = (lambda t: datalib.denormalize(t, spec)) if s.backbone == "none" else None  # features: SNR only
     public = public_samples(s, spec)  # pixels, or features of the parties' backbone
     public_mean = public.mean(dim=0)
     bounds = valid_bounds(s, spec)
 
+    pairing = None
+    if s.attack_pairing == "recovered":  # no oracle pairing: the server recovers pi and the weights itself
+        from .pairing import build_pairing
+
+        pairing = build_pairing(s, public, device=ctx.device)
     refused, cases, radii = {}, [], []
     corrupted = set(store.verify())
     for party in parties:
@@ -58,7 +63,7 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
             continue
         victims = pick_victims(len(rep.partition.x), s.attack_victims, s.seed, party)
         cases.append(upload_case(s, rep.partition, rep.encoded, rep.calibration, victims, uploaded=uploaded,
-                                 bounds=bounds, prior_mean=public_mean))
+                                 bounds=bounds, prior_mean=public_mean, pairing=pairing))
         radii.append(rep.calibration.radius)
 
     attacks, skipped = build_attacks(s.adversary, s, public, mixing_shape(s), device=ctx.device)
@@ -81,11 +86,13 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
     per_party = {}
     for case, report in zip(cases, outcome.per_case):
         report.update({"n": case.observation.n_private, "victims": len(case.rows), "radius": case.radius,
-                       "tau": s.tau, "replay": "verified"})
+                       "tau": s.tau, "replay": "verified", "pairing": s.attack_pairing,
+                       **{k: v for k, v in case.observation.extras.items() if k.startswith("pairing-")}})
         per_party[str(case.party)] = report
     result = {
         "attacks": list(s.adversary),
         "space": mixing_space(s),
+        "threat-model": threat_model(s),
         "threat-models": {name: attack.threat_model for name, attack in attacks.items()},
         "victims-per-party": s.attack_victims,
         "parties": per_party,
@@ -95,6 +102,10 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
     }
     if "unet" in attacks and attacks["unet"].report:
         result["unet-training"] = attacks["unet"].report
+    hits = [r["pairing-accuracy"] for r in per_party.values() if "pairing-accuracy" in r]
+    if hits:  # recovered pairing: the server's hit rate beside a random label-consistent guess
+        result["pairing-accuracy"] = float(np.mean(hits))
+        result["pairing-chance"] = float(np.mean([r["pairing-chance"] for r in per_party.values()]))
     if len(outcome.truth):
         result["pooled"] = outcome.summary
         result["files"] = write_report(out_dir, s, outcome, to_unit)
@@ -145,7 +156,7 @@ def write_report(out_dir: Path, s, outcome: Outcome, to_unit) -> list[str]:
     summary = outcome.summary
     rows = summary_rows(summary)
     title = f"{s.dataset}, tau = {s.tau:g} ({s.radius_mode}), {summary['victims']} victims, in {mixing_space(s)}"
-    text = markdown(rows, SUMMARY_COLUMNS)
+    text = f"Threat model: {threat_model(s)}.\n\n" + markdown(rows, SUMMARY_COLUMNS)
     atomic_write_bytes(out_dir / "summary.md", f"# Attacks on the uploads: {title}\n\n{text}".encode())
     files = [str(out_dir / "summary.md"), str(write_csv(out_dir / "summary.csv", rows))]
     x, estimates = outcome.truth, outcome.estimates

@@ -21,22 +21,21 @@ from torch.nn import functional as F
 
 from fedsmix import data as datalib
 from fedsmix.config import Settings, SettingsError
-from fedsmix.encoders import calibrate, data_statistics
 from fedsmix.metrics import score
-from fedsmix.party import Partition, calibrate_party, encode_partition, load_partition
+from fedsmix.party import Partition, calibrate_party, encode_partition, load_partition, party_statistics
 from fedsmix.progress import SILENT, Progress
 from fedsmix.runs import atomic_write_bytes, atomic_write_json
-from fedsmix.seeding import generator
-from fedsmix.space import to_space
+from fedsmix.space import pixel_spec, to_space
 from fedsmix.tables import markdown, pm, signed, write_csv
 
 from .analysis import attack_cases
-from .cases import public_samples, upload_case, valid_bounds
+from .cases import THREAT_MODELS, public_samples, threat_model, upload_case, valid_bounds
 from .figures import recovery_grid, stretched, unit_images
 from .registry import build_attacks
 from .runner import mixing_space, pick_victims
 
 PAPER_TAUS = (1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
+PAIRING_KEYS = ("pairing-accuracy", "pairing-chance", "pairing-candidates", "pairing-seconds")
 # Table 1 (linear attack, 224 px) and Table 2 (U-Net, CIFAR-10), mean SNR in dB per tau above
 PAPER_LINEAR = {
     "mnist": (8.19, 0.09, -2.79, -3.65, -3.90, -3.98, -4.01),
@@ -63,12 +62,13 @@ def victim_partition(settings: Settings, victims: int, split: str = "test", resi
     rows = np.arange(min(victims, len(raw)))
     labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
     if not resize:
-        return Partition(0, to_space(settings, raw, split, rows), labels, raw.spec.num_classes, raw.spec, rows, split)
+        return Partition(0, to_space(settings, raw, split, rows), labels, raw.spec.num_classes,
+                         pixel_spec(settings, raw.spec), rows, split)
     if settings.backbone != "none":
         raise SettingsError("--resize: only for pixels (no backbone); a backbone has its own input size")
     unit = F.interpolate(datalib.to_unit(raw.images[rows], raw.spec), size=(resize, resize), mode="bilinear",
                          antialias=True, align_corners=False).clamp(0, 1)
-    spec = replace(raw.spec, image_size=resize)
+    spec = replace(pixel_spec(settings, raw.spec), image_size=resize)
     return Partition(0, datalib.normalize(unit, spec), labels, spec.num_classes, spec, rows, split)
 
 
@@ -96,6 +96,13 @@ def victim_cases(settings: Settings, victims: int, split: str = "test", resize: 
     return cases
 
 
+# settings that change what a sweep measures, named in its file stem when they differ from the default
+NON_DEFAULT_LABELS = (
+    ("mixing_weights", "algorithm1"), ("normalisation", "dataset"), ("calibration", "scalar"),
+    ("variance_centring", "per-pixel"), ("public_classes", "all"), ("attack_pairing", "oracle"), ("screen", "none"),
+)
+
+
 def sweep_label(settings: Settings, parties: int = 0) -> str:
     """The file stem of one sweep: data set, and where it differs from pixels/theorem/one party."""
     parts = [datalib.dataset_key(settings)]
@@ -105,6 +112,11 @@ def sweep_label(settings: Settings, parties: int = 0) -> str:
         parts += [settings.backbone, f"{input_size(settings)}px"]
     if settings.radius_mode != "theorem":
         parts.append(settings.radius_mode)
+    for key, default in NON_DEFAULT_LABELS:
+        value = getattr(settings, key)
+        if value != default:
+            prefix = {"public_classes": "public", "attack_pairing": "pairing", "variance_centring": "centring"}
+            parts.append(f"{prefix[key]}-{value}" if key in prefix else value)
     if parties:
         parts.append(f"{parties}parties")
     return "-".join(parts)
@@ -130,7 +142,12 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
     public_mean = public.mean(dim=0)
     t_build = time.perf_counter()
     built, skipped = build_attacks(attacks, settings, public, sample_shape, device=device, mmse_rank=mmse_rank)
-    del public  # the prior and the U-Net keep what they need
+    pairing = None
+    if settings.attack_pairing == "recovered":  # the attacker recovers pi and the weights from each upload
+        from .pairing import build_pairing
+
+        pairing = build_pairing(settings, public, getattr(built.get("mmse"), "prior", None), device, mmse_rank)
+    del public  # the prior, the U-Net and the pairing attack keep what they need
     n_victims = sum(len(rows) for _, rows in cases)
     log(f"[{label}] {n_victims} victims {tuple(sample_shape)} from {len(cases)} partition(s); "
         f"attacks {list(built)} (prior/setup {time.perf_counter() - t_build:.1f}s); skipped {skipped or 'none'}")
@@ -139,17 +156,20 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
         "parties": parties, "sample-shape": list(sample_shape), "space": mixing_space(settings), "resize": resize,
         "radius-mode": settings.radius_mode, "bounds": [None if b is None else b.flatten().tolist() for b in bounds],
         "attacks": list(built), "skipped": skipped, "device": device, "mmse-rank": mmse_rank,
+        "threat-model": threat_model(settings), "pairing": settings.attack_pairing,
+        "variant": sweep_label(settings, parties).removeprefix(settings.dataset).strip("-") or "default",
+        "encoder": {k: getattr(settings, k) for k in ("mixing_weights", "normalisation", "variance_centring",
+                                                      "calibration", "alpha", "screen", "screen_threshold")},
         "settings": json.loads(settings.to_json()), "taus": [],
     }
     panels: dict[str, dict[str, list]] = {name: {"original": [], "mixed": [], "recovered": []} for name in built}
     best: dict[str, int] = {}
     # V and D do not depend on tau: estimate them once per party (a minute at 224 px), as calibrate_party would
-    stats = [data_statistics(part.x, generator(settings.seed, part.party, "calibrate")) for part, _ in cases]
+    stats = [party_statistics(settings, part) for part, _ in cases]
     ordered, t_taus = sorted(taus, reverse=True), time.perf_counter()
     for index, tau in enumerate(ordered, start=1):  # the figure shows the victim recovered best at the largest tau
         st = settings.replace(tau=tau)
-        calibrations = [calibrate(stat, tau, st.alpha) if st.radius_mode == "theorem" else calibrate_party(st, part)
-                        for stat, (part, _) in zip(stats, cases)]
+        calibrations = [calibrate_party(st, part, stat) for stat, (part, _) in zip(stats, cases)]
         training = {}
         unet_seconds = 0.0
         if "unet" in built:  # one U-Net per tau, at the parties' median radius (as the ServerApp's adversary)
@@ -157,11 +177,16 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
             built["unet"].fit(float(np.median([c.radius for c in calibrations])))
             training, unet_seconds = built["unet"].report, time.perf_counter() - started
 
-        def encoded_cases(st=st, calibrations=calibrations):  # one party at a time, dropped once attacked
+        recovered: list[dict] = []
+
+        def encoded_cases(st=st, calibrations=calibrations, recovered=recovered):  # one party at a time
             for (part, rows), calibration in zip(cases, calibrations):
                 enc, _ = encode_partition(st, part, calibration)
-                yield upload_case(st, part, enc, calibration, rows, uploaded=enc.x, bounds=bounds,
-                                  prior_mean=public_mean)
+                case = upload_case(st, part, enc, calibration, rows, uploaded=enc.x, bounds=bounds,
+                                   prior_mean=public_mean, pairing=pairing)
+                if pairing is not None:
+                    recovered.append({k: case.observation.extras[k] for k in PAIRING_KEYS})
+                yield case
 
         outcome = attack_cases(encoded_cases(), built, public_mean, to_unit, device)
         if outcome.errors:
@@ -182,6 +207,8 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
         }
         if training:
             record["unet-training"] = training
+        if recovered:  # the pairing attack's hit rate beside a random label-consistent guess (mean over parties)
+            record["pairing"] = {k: float(np.mean([r[k] for r in recovered])) for k in PAIRING_KEYS}
         result["taus"].append(record)
         for name in estimates:
             best.setdefault(name, int(torch.argmax(outcome.per_image[name]["snr"])))
@@ -191,7 +218,9 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
             panels[name]["recovered"].append(estimates[name][i].cpu())
         log(f"[{label}] tau={tau:g} r={record['radius']:.4g} bound={record['snr-bound']:.3g} "
             + " ".join(f"{n}={e['score']['snr_mean']:.2f}dB({seconds[n]:.0f}s)" for n, e in report["attacks"].items())
-            + (f" trivial={report['trivial']['snr_mean']:.2f}dB" if "trivial" in report else ""))
+            + (f" trivial={report['trivial']['snr_mean']:.2f}dB" if "trivial" in report else "")
+            + (f" pairing={record['pairing']['pairing-accuracy']:.3f} "
+               f"(chance {record['pairing']['pairing-chance']:.3f})" if "pairing" in record else ""))
         elapsed = time.perf_counter() - t_taus
         progress.emit("tau", label=label, tau=tau, index=index, of=len(ordered), radius=record["radius"],
                       snr={n: e["score"]["snr_mean"] for n, e in report["attacks"].items()},
@@ -234,6 +263,9 @@ def csv_rows(result: dict) -> list[dict]:
             row[f"paper_{name}_snr"] = rec["paper"].get(name)
         for name, t41 in rec["theorem41"].items():
             row.update({f"thm41_{name}_{k}": v for k, v in t41.items()})
+        row["threat_model"] = result.get("pairing", "oracle")
+        if "pairing" in rec:
+            row.update({k.replace("-", "_"): v for k, v in rec["pairing"].items()})
         rows.append(row)
     return rows
 
@@ -247,6 +279,8 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
         columns += [("bound", "effective bound" + (" (min-max)" if ranges else ""))]
     if not pixels:
         columns += [("mixed", "upload as guess")]
+    if result["taus"] and "pairing" in result["taus"][0]:
+        columns += [("pairing", "pairing recovered"), ("chance", "chance (labels)")]
     if "linear" in names:
         columns += ([("paper_linear", "paper linear")] if pixels else []) + [("linear", "linear (paper attack)")]
     if "mmse" in names:
@@ -263,7 +297,9 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
                "bound": f"{rec['snr-bound']:.3g}" if low == high else f"{low:.3g}-{high:.3g}",
                "mixed": pm(rec["mixed"]["snr_mean"], rec["mixed"]["snr_std"]),
                "paper_linear": pm(rec["paper"]["linear"]), "paper_unet": pm(rec["paper"]["unet"]),
-               "trivial": pm(rec["trivial"]["snr_mean"], rec["trivial"]["snr_std"]) if "trivial" in rec else "-"}
+               "trivial": pm(rec["trivial"]["snr_mean"], rec["trivial"]["snr_std"]) if "trivial" in rec else "-",
+               "pairing": f"{100 * rec['pairing']['pairing-accuracy']:.1f} %" if "pairing" in rec else "-",
+               "chance": f"{100 * rec['pairing']['pairing-chance']:.1f} %" if "pairing" in rec else "-"}
         for name, entry in rec["attacks"].items():
             row[name] = pm(entry["score"]["snr_mean"], entry["score"]["snr_std"])
             row[f"gain_{name}"] = signed(entry.get("gain", {}).get("snr_db"))
@@ -280,13 +316,15 @@ def write_sweep_tables(out_dir: Path, result: dict) -> list[str]:
     where = (f"{result['victims']} {result['split']} images" if not result["parties"]
              else f"{result['victims']} victims from {result['parties']} parties' training partitions")
     space = result["space"]
+    setting = f" [{result['variant']}]" if result.get("variant", "default") != "default" else ""
     if space == "pixels":
-        title = (f"## {result['dataset']}: {where}, SNR dB (mean ± std); "
+        title = (f"## {result['dataset']}{setting}: {where}, SNR dB (mean ± std); "
                  "gains over the trivial guess (public mean image) in dB\n\n")
     else:
-        title = (f"## {result['dataset']} in {space}, radius mode {result['radius-mode']}: {where}, SNR dB in feature "
-                 "space (mean ± std); gains over the trivial guess (public mean feature) in dB; PSNR/SSIM n/a "
+        title = (f"## {result['dataset']}{setting} in {space}, radius mode {result['radius-mode']}: {where}, SNR dB in "
+                 "feature space (mean ± std); gains over the trivial guess (public mean feature) in dB; PSNR/SSIM n/a "
                  "(feature vectors)\n\n")
+    title += f"Threat model: {result.get('threat-model', THREAT_MODELS['oracle'])}.\n\n"
     md = out_dir / f"{label}-sweep.md"
     atomic_write_bytes(md, (title + markdown(rows, columns)).encode())
     return [str(md), str(write_csv(out_dir / f"{label}-sweep.csv", csv_rows(result)))]
@@ -307,3 +345,32 @@ def write_sweep_figures(out_dir: Path, result: dict, panels: dict, best: dict, t
         title = f"{result['dataset']}: {name} attack, victim {best[name]} (best recovered at τ={first:g})"
         files.append(str(recovery_grid(out_dir / f"{result['label']}-{name}.png", columns, images, title)))
     return files
+
+
+def write_comparison(out_dir: Path, results: list[dict]) -> str:
+    """comparison.md: per data set and attack, every variant's SNR beside the paper's, one column each."""
+    lines = ["# The same victims under each setting, beside the paper's Tables 1-2", ""]
+    for dataset in dict.fromkeys(r["dataset"] for r in results):
+        group = [r for r in results if r["dataset"] == dataset]
+        names = list(dict.fromkeys(n for r in group for n in r["attacks"]))
+        for name in names:
+            runs = [r for r in group if name in r["attacks"]]
+            models = sorted({r.get("threat-model", THREAT_MODELS["oracle"]) for r in runs})
+            lines += [f"## {dataset}: {name} attack, SNR dB (mean ± std) on {runs[0]['victims']} victims", "",
+                      "Threat model: " + "; ".join(models) + ".", ""]
+            taus = sorted({rec["tau"] for r in runs for rec in r["taus"]}, reverse=True)
+            paper = {"linear": PAPER_LINEAR, "unet": PAPER_UNET}.get(name, {})
+            columns = [("tau", "tau")] + ([("paper", "paper")] if paper.get(dataset) else [])
+            columns += [(f"v{i}", r.get("variant", "default")) for i, r in enumerate(runs)]
+            rows = []
+            for tau in taus:
+                row = {"tau": f"{tau:g}", "paper": pm(paper_value(paper, dataset, tau))}
+                for i, r in enumerate(runs):
+                    rec = next((rec for rec in r["taus"] if np.isclose(rec["tau"], tau)), None)
+                    entry = rec["attacks"].get(name) if rec else None
+                    row[f"v{i}"] = pm(entry["score"]["snr_mean"], entry["score"]["snr_std"]) if entry else "-"
+                rows.append(row)
+            lines += [markdown(rows, columns), ""]
+    path = Path(out_dir) / "comparison.md"
+    atomic_write_bytes(path, "\n".join(lines).encode())
+    return str(path)
