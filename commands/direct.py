@@ -20,10 +20,10 @@ from fedsmix import data as datalib
 from fedsmix.central import test_accuracy, train_classifier
 from fedsmix.config import Settings, dump_settings
 from fedsmix.device import select_device
-from fedsmix.models import new_classifier
+from fedsmix.models import new_classifier, represent
 from fedsmix.party import load_partition, prepare_upload, train_local
 from fedsmix.runs import atomic_write_json, new_run_dir
-from fedsmix.space import load_test, load_train_all, mixing_shape
+from fedsmix.space import load_test, load_train_all, mixing_shape, upload_shape
 from fedsmix.training import state_digest
 
 PAYLOAD = "array payload (direct engine, no wire framing)"
@@ -40,8 +40,15 @@ def _initial(settings: Settings) -> torch.nn.Module:
 def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict:
     t0 = time.perf_counter()
     xs, ys, parties = [], [], {}
+    encoder_state, phase = None, {}
+    if settings.encoder == "mixcon":  # FedAvg rounds of the split model with the MixCon term, then h ships
+        model, curve = fedavg_rounds(settings, num_parties, test, device, 0.0, settings.mixcon_rounds)
+        encoder_state = model.encoder.state_dict()
+        phase = {"mixcon-phase": {"accuracy": curve[-1]["accuracy"], "rounds": settings.mixcon_rounds, "curve": curve},
+                 "encoder": "mixcon"}
+        test = (represent(model.encoder, test[0], device), test[1])
     for party in range(num_parties):
-        upload = prepare_upload(settings, party, num_parties)
+        upload = prepare_upload(settings, party, num_parties, encoder_state=encoder_state)
         xs.append(upload.arrays["x"])
         ys.append(upload.arrays["y"])
         parties[str(party)] = {**upload.metrics, "upload-bytes": upload.nbytes}
@@ -50,7 +57,7 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict
     x, y = np.concatenate(xs), np.concatenate(ys)
     del xs, ys
     num_classes = datalib.spec(settings.dataset).num_classes
-    model, report = train_classifier(settings, x, y, mixing_shape(settings), num_classes, device)
+    model, report = train_classifier(settings, x, y, upload_shape(settings), num_classes, device)
     metrics = test_accuracy(model, test, device)
     up = [p["upload-bytes"] for p in parties.values()]
     return {
@@ -68,10 +75,18 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict
         "epochs": report.epochs_run,
         "weights-sha256": state_digest(model),
         "wall-seconds": time.perf_counter() - t0,
-        "mean-bytes-up-per-party": sum(up) / len(up),
-        "mean-bytes-down-per-party": 0,
+        "mean-bytes-up-per-party": sum(up) / len(up) + (per_round_bytes(settings) * settings.mixcon_rounds
+                                                         if encoder_state is not None else 0),
+        "mean-bytes-down-per-party": (per_round_bytes(settings) * settings.mixcon_rounds
+                                      + sum(v.numel() * v.element_size() for v in encoder_state.values())
+                                      if encoder_state is not None else 0),
         "bytes": PAYLOAD,
+        **phase,
     }
+
+
+def per_round_bytes(settings: Settings) -> int:
+    return _nbytes(_initial(settings).state_dict())
 
 
 def local_only(settings: Settings, num_parties: int, test, device: str) -> dict:
@@ -102,16 +117,16 @@ def local_only(settings: Settings, num_parties: int, test, device: str) -> dict:
     }
 
 
-def federated(settings: Settings, num_parties: int, test, device: str, mode: str) -> dict:
-    """FedAvg (mu = 0) / FedProx rounds; every party trains each round (fraction-train is not sampled here)."""
+def fedavg_rounds(settings: Settings, num_parties: int, test, device: str, mu: float,
+                  rounds: int) -> tuple[torch.nn.Module, list[dict]]:
+    """`rounds` FedAvg/FedProx rounds from the run's initial model: the final model and its test curve."""
     if settings.fraction_train < 1:
         raise ValueError("fraction-train < 1 needs Flower's sampling: use --engine simulate or flwr")
     t0 = time.perf_counter()
-    mu = settings.proximal_mu if mode == "fedprox" else 0.0
     model = _initial(settings)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     curve = [{"round": 0, "accuracy": test_accuracy(model, test, device)["accuracy"], "seconds": 0.0}]
-    for server_round in range(1, settings.rounds + 1):
+    for server_round in range(1, rounds + 1):
         replies = []
         for party in range(num_parties):
             result = train_local(
@@ -128,7 +143,15 @@ def federated(settings: Settings, num_parties: int, test, device: str, mode: str
         model.load_state_dict(state)
         accuracy = test_accuracy(model, test, device)["accuracy"]
         curve.append({"round": server_round, "accuracy": accuracy, "seconds": time.perf_counter() - t0})
-    per_round = _nbytes(state)
+    return model, curve
+
+
+def federated(settings: Settings, num_parties: int, test, device: str, mode: str) -> dict:
+    """FedAvg (mu = 0) / FedProx rounds; every party trains each round (fraction-train is not sampled here)."""
+    t0 = time.perf_counter()
+    mu = settings.proximal_mu if mode == "fedprox" else 0.0
+    model, curve = fedavg_rounds(settings, num_parties, test, device, mu, settings.rounds)
+    per_round = _nbytes(model.state_dict())
     return {
         "accuracy": curve[-1]["accuracy"],
         "proximal-mu": mu,

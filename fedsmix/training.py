@@ -1,4 +1,4 @@
-"""One training loop for every role: central (soft labels), local, and proximal (FedProx).
+"""One training loop for every role: central (soft labels), local, proximal (FedProx), MixCon (split models).
 
 Inputs may be tensors or numpy arrays (memory-mapped uploads); batches are copied to the
 device one at a time. Checkpoints capture model, optimiser, schedule and every RNG, so a
@@ -31,13 +31,29 @@ class TrainConfig:
     cosine: bool = True
     proximal_mu: float = 0.0
     device: str = "cpu"
+    momentum: float = 0.9  # SGD only
+    # MixCon (issue 15): lambda * L_mixcon on the cut-layer output of a SplitModel; 0 = off
+    mixcon_lambda: float = 0.0
+    mixcon_beta: float = 0.0
+    mixcon_eps: float = 1e-6
+    mixcon_pairs: int = 0
+
+
+def mixcon_config(settings: Settings) -> dict:
+    """The MixCon terms of a run (encoder=mixcon), as TrainConfig fields."""
+    return {"mixcon_lambda": settings.mixcon_lambda, "mixcon_beta": settings.mixcon_beta,
+            "mixcon_eps": settings.mixcon_eps, "mixcon_pairs": settings.mixcon_pairs}
 
 
 def train_config(
-    settings: Settings, device: str, *, federated_client: bool = False, proximal_mu: float = 0.0
+    settings: Settings, device: str, *, federated_client: bool = False, proximal_mu: float = 0.0, split: bool = False
 ) -> TrainConfig:
     """Central and local-only training follow appendix E (AdamW, cosine); FedAvg/FedProx
-    clients run `local-epochs` of SGD with momentum per round, as in the FedProx paper."""
+    clients run `local-epochs` of SGD with momentum per round, as in the FedProx paper.
+
+    `split`: the model trained is encoder=mixcon's split model, so the MixCon term joins the loss.
+    """
+    mixcon = mixcon_config(settings) if split and settings.encoder == "mixcon" else {}
     if federated_client:
         return TrainConfig(
             epochs=settings.local_epochs,
@@ -48,8 +64,10 @@ def train_config(
             cosine=False,
             proximal_mu=proximal_mu,
             device=device,
+            **mixcon,
         )
-    return TrainConfig(settings.epochs, settings.batch_size, settings.lr, settings.weight_decay, device=device)
+    return TrainConfig(settings.epochs, settings.batch_size, settings.lr, settings.weight_decay, device=device,
+                       **mixcon)
 
 
 @dataclass
@@ -68,6 +86,55 @@ def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tensor:
     """sum ||w - w_global||^2 over trainable parameters (squared, as in the FedProx paper)."""
     return sum(((p - r) ** 2).sum() for p, r in zip((p for p in model.parameters() if p.requires_grad), reference))
+
+
+def mixcon_loss(z: torch.Tensor, labels: torch.Tensor, beta: float, eps: float = 1e-6, pairs: int = 0) -> torch.Tensor:
+    """MixCon's consistency loss (eq. 1) on one batch of cut-layer representations z.
+
+    L = 1/p 1/(|C|(|C|-1)) sum_i sum_{c1 != c2} (dist + beta / dist), dist = ||h(x_i,c1) - h(x_i,c2)||^2
+    on L2-normalised representations (footnote 3), clamped to [eps, 1/eps]; x_i,c is the i-th sample
+    of class c in the batch and p the smallest class count among the classes present (class-balanced
+    pairing: the i-th sample of every class meets the i-th of every other; `pairs` > 0 caps p).
+    Fewer than two classes in the batch: no pair, the term is 0.
+    """
+    z = nn.functional.normalize(z.flatten(1).float(), dim=1)
+    classes, counts = labels.unique(return_counts=True)
+    if len(classes) < 2:
+        return z.sum() * 0.0
+    p = int(counts.min()) if not pairs else min(int(counts.min()), pairs)
+    # rank of every sample within its class, in batch order: the class-balanced pairing
+    order = torch.argsort(labels * len(labels) + torch.arange(len(labels), device=labels.device), stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    index = starts.unsqueeze(0) + torch.arange(p, device=labels.device).unsqueeze(1)  # (p, |C|)
+    grouped = z[order[index]]  # (p, |C|, m)
+    dist = (grouped.unsqueeze(2) - grouped.unsqueeze(1)).pow(2).sum(-1)  # (p, |C|, |C|)
+    off = ~torch.eye(len(classes), dtype=torch.bool, device=z.device)
+    dist = dist[:, off].clamp(eps, 1.0 / eps)
+    return (dist + beta / dist).mean()
+
+
+def batch_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, cfg: TrainConfig,
+               reference: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """The objective of one batch: soft cross-entropy, + lambda * L_mixcon (split models), + the proximal term.
+
+    lambda = 0 adds nothing (not even a zero): the loss is then the vanilla one, bit for bit.
+    """
+    use_amp = str(cfg.device).startswith("cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
+        if cfg.mixcon_lambda > 0:
+            if not hasattr(model, "encoder") or not hasattr(model, "head"):
+                raise ValueError("mixcon-lambda > 0 needs a split model (encoder + head), e.g. model 'lenet5'")
+            z = model.encoder(xb)
+            logits = model.head(z)
+        else:
+            logits = model(xb)
+    loss = soft_cross_entropy(logits.float(), yb)
+    if cfg.mixcon_lambda > 0:
+        loss = loss + cfg.mixcon_lambda * mixcon_loss(z, yb.argmax(dim=1), cfg.mixcon_beta, cfg.mixcon_eps,
+                                                      cfg.mixcon_pairs)
+    if reference is not None:
+        loss = loss + 0.5 * cfg.proximal_mu * proximal_term(model, reference)
+    return loss
 
 
 def _rows(data, index: torch.Tensor, device: str) -> torch.Tensor:
@@ -110,7 +177,8 @@ def train(
     on_epoch: Callable[[int, float], None] | None = None,
     checkpoint_key: str = "",
 ) -> TrainReport:
-    """Minimise soft cross-entropy (+ mu/2 * proximal term) with AdamW/SGD and a cosine schedule.
+    """Minimise soft cross-entropy (+ mu/2 * proximal term, + lambda * L_mixcon) with AdamW/SGD and a
+    cosine schedule (`batch_loss`).
 
     `checkpoint_key` names the training data; a checkpoint with another key is refused.
     """
@@ -123,7 +191,7 @@ def train(
     if cfg.optimizer == "adamw":
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     elif cfg.optimizer == "sgd":
-        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     else:
         raise ValueError(f"optimizer: unknown {cfg.optimizer!r}")
     steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
@@ -155,7 +223,6 @@ def train(
         report.losses = state["losses"]
     y_dev = y if isinstance(y, torch.Tensor) else torch.from_numpy(np.asarray(y))
     t0 = time.perf_counter()
-    use_amp = str(device).startswith("cuda")
     for epoch in range(start_epoch, cfg.epochs):
         model.train()
         order = torch.randperm(n, generator=generator)
@@ -166,11 +233,7 @@ def train(
                 continue  # BatchNorm1d cannot train on a single sample (BatchNorm2d still has H x W values)
             xb = _rows(x, index, device)
             yb = y_dev[index].to(device, dtype=torch.float32)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
-                logits = model(xb)
-            loss = soft_cross_entropy(logits.float(), yb)
-            if reference is not None:
-                loss = loss + 0.5 * cfg.proximal_mu * proximal_term(model, reference)
+            loss = batch_loss(model, xb, yb, cfg, reference)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

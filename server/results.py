@@ -65,6 +65,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             else "-"
         )
         table.add_row(
+            f"{name} (mixcon)" if res.get("encoder") == "mixcon" else
             f"{name} ({res['radius-mode']})" if res.get("radius-mode") else name,
             _pct(res.get("accuracy")),
             _pct(res.get("party0-accuracy")),
@@ -85,7 +86,16 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             lost.add_row(*row)
         console.print(lost)
     mix = results.get("strategies", {}).get("mixup-union", {})
-    if mix.get("parties"):
+    if mix.get("parties") and mix.get("encoder") == "mixcon":
+        sep = Table(title="mixup-union (encoder mixcon): uploaded representations per party (MixCon's dist = "
+                    "||h_i - h_j||^2 of normalised h over pairs of different classes)")
+        for col in ("party", "n", "mean dist", "min dist"):
+            sep.add_column(col, justify="right")
+        for party, p in sorted(mix["parties"].items(), key=lambda kv: int(kv[0])):
+            sep.add_row(str(party), str(p["num-examples"]), f"{p['separability-mean']:.3g}",
+                        f"{p['separability-min']:.3g}")
+        console.print(sep)
+    elif mix.get("parties"):
         mode = mix.get("radius-mode", "theorem")
         cal = Table(
             title=f"mixup-union: calibration per party (radius mode {mode}, tau {mix.get('tau', '-')}; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedProx
 
@@ -60,9 +61,13 @@ class ReportingFedProx(FedProx):
         return super().aggregate_train(server_round, ok)
 
 
-def run(ctx: RunContext, mu: float | None = None) -> dict:
+def federate(ctx: RunContext, mu: float, rounds: int) -> tuple[torch.nn.Module, dict]:
+    """`rounds` of FedProx (FedAvg: mu = 0) from the run's initial model; the final global model and the report.
+
+    Also the first phase of encoder=mixcon (strategies/mixup_union.py): the split model, trained with the
+    MixCon term by the parties' `train_local`, before each party uploads h(x) once.
+    """
     s, t0 = ctx.settings, time.perf_counter()
-    mu = s.proximal_mu if mu is None else mu
     ctx.nodes()
     num_classes = datalib.spec(s.dataset).num_classes
     model = new_classifier(s, mixing_shape(s), num_classes)
@@ -86,17 +91,18 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
     result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
-        num_rounds=s.rounds,
+        num_rounds=rounds,
         timeout=s.reply_timeout,
         train_config=ConfigRecord({"settings": s.to_json(), "mode": "federated"}),
         evaluate_fn=evaluate,
     )
+    model.load_state_dict(result.arrays.to_torch_state_dict())
     nodes = sorted(set(ctx.traffic.to_node))
     final = curve[-1]["accuracy"] if curve else None
-    return {
+    return model, {
         "accuracy": final,
         "proximal-mu": mu,
-        "rounds": s.rounds,
+        "rounds": rounds,
         "local-epochs": s.local_epochs,
         "curve": curve,
         "parties-used": len(strategy.parties_used),
@@ -106,6 +112,11 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
         "train-metrics": {str(k): dict(v) for k, v in result.train_metrics_clientapp.items()},
         **bytes_summary(ctx, nodes),
     }
+
+
+def run(ctx: RunContext, mu: float | None = None) -> dict:
+    s = ctx.settings
+    return federate(ctx, s.proximal_mu if mu is None else mu, s.rounds)[1]
 
 
 def run_fedavg(ctx: RunContext) -> dict:

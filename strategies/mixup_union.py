@@ -4,6 +4,11 @@ query "encode" to every node -> validate each upload as it arrives -> store it (
 manifest) and drop it from memory -> train centrally on the memory-mapped union with soft
 labels -> evaluate on the clean test split. A resumed run re-verifies the stored uploads, asks
 only the parties it has none for, and continues training from the checkpoint.
+
+encoder=mixcon (issue 15, docs/mixcon.md) first trains the split LeNet-5 by FedAvg with the MixCon
+term (`mixcon-rounds` rounds), keeps it in models/mixcon-split.pt, ships h (the layers up to the cut)
+with the encode query, and each party uploads h(x) of its partition once; the server then trains
+LeNet-5's head on the union of representations and tests head(h(x)) on the test split.
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ import io
 import time
 
 import torch
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 
 from fedsmix import data as datalib
 from fedsmix.central import test_accuracy, train_classifier
 from fedsmix.faults import interrupt_after
+from fedsmix.models import new_classifier, represent
 from fedsmix.runs import atomic_write_bytes
-from fedsmix.space import mixing_shape
+from fedsmix.space import mixing_shape, upload_shape
 from fedsmix.training import CheckpointMismatch, state_digest
 from server.context import RunContext
 from server.store import UploadStore
@@ -29,7 +35,7 @@ from strategies.common import bytes_summary, dropped_record, require_parties, se
 def expectation(ctx: RunContext) -> Expectation:
     s = ctx.settings
     return Expectation(
-        sample_shape=mixing_shape(s),
+        sample_shape=upload_shape(s),
         num_classes=datalib.spec(s.dataset).num_classes,
         max_samples=s.max_upload_samples,
         max_bytes=int(s.max_upload_mb * 2**20),
@@ -103,18 +109,40 @@ def reopen_store(ctx: RunContext) -> tuple[UploadStore, list[dict]]:
     return store, discarded
 
 
-def epoch_hook(ctx: RunContext, t0: float, curve: list[dict]):
+def epoch_hook(ctx: RunContext, t0: float, curve: list[dict], test=None):
     """After each epoch: test accuracy every `eval-every` epochs (a time-to-accuracy curve), then faults."""
     every, interrupt = ctx.settings.eval_every, interrupt_after(ctx.settings.fault)
 
     def on_epoch(model: torch.nn.Module, epoch: int, loss: float) -> None:
         if every and epoch % every == 0:
-            accuracy = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]
+            accuracy = test_accuracy(model, test or ctx.test_set(), ctx.device)["accuracy"]
             curve.append({"epoch": epoch, "accuracy": accuracy, "seconds": time.perf_counter() - t0})
         if interrupt is not None:
             interrupt(epoch, loss)
 
     return on_epoch
+
+
+SPLIT_MODEL = "mixcon-split.pt"  # encoder=mixcon: the FedAvg-trained split model (h and the FedAvg head)
+
+
+def cut_layer(ctx: RunContext) -> tuple[torch.nn.Module, dict]:
+    """encoder=mixcon: h, trained by `mixcon-rounds` FedAvg rounds of the split model with the MixCon term
+    (each party's `train_local`), saved beside the uploads; a resumed run reuses the saved one."""
+    from strategies.fedprox import federate
+
+    s = ctx.settings
+    path = ctx.run_dir / "models" / SPLIT_MODEL
+    model = new_classifier(s, mixing_shape(s), datalib.spec(s.dataset).num_classes)
+    if path.is_file():
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        return model.encoder, {"resumed": str(path)}
+    model, report = federate(ctx, mu=0.0, rounds=s.mixcon_rounds)
+    buffer = io.BytesIO()
+    torch.save(model.cpu().state_dict(), buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+    report["mixcon"] = {"lambda": s.mixcon_lambda, "beta": s.mixcon_beta, "eps": s.mixcon_eps, "pairs": s.mixcon_pairs}
+    return model.encoder, report
 
 
 def run(ctx: RunContext) -> dict:
@@ -124,8 +152,12 @@ def run(ctx: RunContext) -> dict:
     config = settings_config(
         ctx, **({"stored-parties": ",".join(map(str, store.parties()))} if store.parties() else {})
     )
+    records, encoder, encoder_phase = {"config": config}, None, None
+    if s.encoder == "mixcon":
+        encoder, encoder_phase = cut_layer(ctx)
+        records["arrays"] = ArrayRecord(encoder.state_dict())  # h goes to every party with the encode query
     messages = [
-        Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.encode") for node in nodes
+        Message(RecordDict(dict(records)), dst_node_id=node, message_type="query.encode") for node in nodes
     ]
     parties, rejected, dropped = collect_uploads(ctx, ctx.stream_replies(messages), store, nodes)
     t_upload = time.perf_counter() - t0
@@ -138,6 +170,9 @@ def run(ctx: RunContext) -> dict:
     checkpoint = ctx.run_dir / "checkpoints" / "central.pt" if s.checkpoint_every else None
     curve: list[dict] = []
     shape, num_classes = expectation(ctx).sample_shape, datalib.spec(s.dataset).num_classes
+    test = ctx.test_set()
+    if encoder is not None:  # the server holds h: its head is tested on h(x) of the test split
+        test = (represent(encoder, test[0], ctx.device), test[1])
 
     def train():
         return train_classifier(
@@ -149,7 +184,7 @@ def run(ctx: RunContext) -> dict:
             ctx.device,
             checkpoint_path=checkpoint,
             checkpoint_key=key,
-            on_epoch=epoch_hook(ctx, t0, curve),
+            on_epoch=epoch_hook(ctx, t0, curve, test),
         )
 
     checkpoint_note = None
@@ -159,7 +194,7 @@ def run(ctx: RunContext) -> dict:
         checkpoint.unlink()
         checkpoint_note = str(err)
         model, report = train()
-    metrics = test_accuracy(model, ctx.test_set(), ctx.device)
+    metrics = test_accuracy(model, test, ctx.device)
     if not curve or curve[-1]["epoch"] != len(report.losses):
         curve.append(
             {"epoch": len(report.losses), "accuracy": metrics["accuracy"], "seconds": time.perf_counter() - t0}
@@ -187,6 +222,9 @@ def run(ctx: RunContext) -> dict:
         "wall-seconds": time.perf_counter() - t0,
         **bytes_summary(ctx, nodes),
     }
+    if encoder_phase is not None:
+        result["encoder"] = "mixcon"
+        result["mixcon-phase"] = encoder_phase  # the FedAvg rounds that trained h (their bytes are counted above)
     return result
 
 

@@ -1,6 +1,7 @@
 """The one attack factory: name -> attack, what it applies to, what it needs.
 
-Every consumer (the in-run adversary, the tau sweep, the frontier) builds attacks here, so a new
+Every consumer (the in-run adversary, the tau sweep, the frontier, `fedsmix mixcon` and `fedsmix invert`)
+builds attacks here, so a new
 attack is one class in its own file plus one entry in REGISTRY. Uploads are attacked by encoder,
 federated updates by strategy (`targets`). Each attack's threat model is its class's
 `threat_model` line.
@@ -74,7 +75,26 @@ def _gradient(settings: Settings, gradient_steps: int = 1000, gradient_restarts:
     return InvertingGradients(gradient_steps, gradient_restarts, tv=gradient_tv, seed=settings.seed)
 
 
+def _inversion(settings: Settings, device: str = "cpu", inversion_steps: int = 500, inversion_lr: float = 1.0,
+               inversion_tv: float = 1e-5, **_) -> Attack:
+    from .inversion import ModelInversion
+
+    return ModelInversion(steps=inversion_steps, lr=inversion_lr, tv=inversion_tv, device=device)
+
+
+def _inversion_decoder(settings: Settings, public: torch.Tensor, device: str = "cpu", decoder_epochs: int = 50,
+                       decoder_adversarial: float = 1.0, decoder_code_weight: float = 10.0, public_codes=None,
+                       **_) -> Attack:
+    from .inversion import DecoderInversion
+
+    return DecoderInversion(public, epochs=decoder_epochs, adversarial=decoder_adversarial,
+                            xi_code=decoder_code_weight, seed=settings.seed, device=device, public_codes=public_codes)
+
+
 UPLOADS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none")
+# model inversion's targets: MixCon's cut-layer uploads, and uploads of a pretrained backbone's features
+# (commands/invert.py maps them back to pixels, after the linear/MMSE attacks estimated mixed ones)
+REPRESENTATIONS = ("mixcon", "backbone-features")
 REGISTRY: dict[str, AttackSpec] = {
     spec.name: spec
     for spec in (
@@ -84,6 +104,8 @@ REGISTRY: dict[str, AttackSpec] = {
         AttackSpec("abs-solve", UPLOADS, _abs_solve),
         AttackSpec("averaging", UPLOADS[:-1], _averaging),
         AttackSpec("gradient", ("fedavg", "fedprox"), _gradient),
+        AttackSpec("inversion", REPRESENTATIONS, _inversion, needs_image=True),
+        AttackSpec("inversion-decoder", REPRESENTATIONS, _inversion_decoder, needs_public=True, needs_image=True),
     )
 }
 
