@@ -163,6 +163,21 @@ def new_classifier(settings: Settings, sample_shape: tuple[int, ...], num_classe
     return build_classifier(model_kind(settings), sample_shape, num_classes)
 
 
+SPLIT_MODEL_FILE = "mixcon-split.pt"  # encoder=mixcon: <run dir>/models/<this>, the FedAvg-trained split model
+
+
+def load_split_model(settings: Settings, run_dir, sample_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """The split model an encoder=mixcon run trained (h is its `.encoder`): what the server shipped."""
+    from pathlib import Path
+
+    path = Path(run_dir) / "models" / SPLIT_MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no split model; was this an encoder=mixcon mixup-union run?")
+    model = new_classifier(settings, sample_shape, num_classes)
+    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return model.eval()
+
+
 def cut_shape(settings: Settings, sample_shape: tuple[int, ...]) -> tuple[int, ...]:
     """Shape of one cut-layer representation h(x) that a mixcon party uploads."""
     return (lenet5_cut_features(sample_shape),)

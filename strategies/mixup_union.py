@@ -22,7 +22,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from fedsmix import data as datalib
 from fedsmix.central import test_accuracy, train_classifier
 from fedsmix.faults import interrupt_after
-from fedsmix.models import new_classifier, represent
+from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.space import mixing_shape, upload_shape
 from fedsmix.training import CheckpointMismatch, state_digest
@@ -123,16 +123,13 @@ def epoch_hook(ctx: RunContext, t0: float, curve: list[dict], test=None):
     return on_epoch
 
 
-SPLIT_MODEL = "mixcon-split.pt"  # encoder=mixcon: the FedAvg-trained split model (h and the FedAvg head)
-
-
 def cut_layer(ctx: RunContext) -> tuple[torch.nn.Module, dict]:
     """encoder=mixcon: h, trained by `mixcon-rounds` FedAvg rounds of the split model with the MixCon term
     (each party's `train_local`), saved beside the uploads; a resumed run reuses the saved one."""
     from strategies.fedprox import federate
 
     s = ctx.settings
-    path = ctx.run_dir / "models" / SPLIT_MODEL
+    path = ctx.run_dir / "models" / SPLIT_MODEL_FILE
     model = new_classifier(s, mixing_shape(s), datalib.spec(s.dataset).num_classes)
     if path.is_file():
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))

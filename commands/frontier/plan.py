@@ -17,8 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedsmix.config import ATTACKS, Settings, SettingsError, resolve_preset
 
 ROW_FORMS = (
-    "local-only, fedavg, fedprox, mixup-k<K>, instahide-inside-k<K>, instahide-cross-k<K>, singularized-tau<TAU>"
+    "local-only, fedavg, fedprox, mixup-k<K>, instahide-inside-k<K>, instahide-cross-k<K>, singularized-tau<TAU>, "
+    "mixcon-l<LAMBDA>-b<BETA> (mixcon-l0: the vanilla split model)"
 )
+NUMBER = r"(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"
 DEFAULT_ROWS = (
     "local-only",
     "fedavg",
@@ -59,6 +61,11 @@ def parse_row(name: str) -> Row:
             tau = -1.0
         if tau > 0:
             return Row(name, "mixup-union", {"encoder": "singularized", "tau": tau})
+    if match := re.fullmatch(rf"mixcon-l{NUMBER}(?:-b{NUMBER})?", name):
+        lam, beta = float(match.group(1)), float(match.group(2)) if match.group(2) else None
+        if lam == 0 or beta is not None:  # the vanilla split model needs no beta; MixCon does
+            return Row(name, "mixup-union", {"encoder": "mixcon", "model": "lenet5", "mixcon_lambda": lam,
+                                             **({"mixcon_beta": beta} if beta is not None else {})})
     raise SettingsError(f"frontier.rows: unknown row {name!r}; forms: {ROW_FORMS}")
 
 
@@ -77,10 +84,15 @@ class FrontierPlan(BaseModel):
     gradient_steps: int = Field(1000, ge=8)
     gradient_restarts: int = Field(2, ge=1)
     gradient_tv: float = Field(1e-2, ge=0)
+    inversion_steps: int = Field(500, ge=1, description="model inversion (mixcon rows): SGD steps per victim")
+    inversion_lr: float = Field(1.0, gt=0)
+    inversion_tv: float = Field(1e-5, ge=0)
+    decoder_epochs: int = Field(50, ge=1, description="the inversion decoder's epochs on the public images")
     reencoding: tuple[int, ...] = (1, 4, 16)
     #: attacks tried on every row they apply to (server/adversary/registry.py); the U-Net trains per
     #: radius on public data, so it joins only when named
-    attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "gradient")
+    attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "gradient", "inversion",
+                                "inversion-decoder")
 
     @field_validator("rows", "reencoding", "attacks", mode="before")
     @classmethod
