@@ -10,10 +10,12 @@ from __future__ import annotations
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedsmix.central import test_accuracy
 from fedsmix.config import Settings
 from fedsmix.device import select_device
 from fedsmix.faults import maybe_fail
-from fedsmix.party import load_partition, prepare_upload, train_local
+from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
+from fedsmix.space import load_test
 
 app = ClientApp()
 
@@ -52,6 +54,32 @@ def encode(msg: Message, context: Context) -> Message:
     upload = prepare_upload(settings, party, num_parties, encoder_state=encoder_state)
     arrays = ArrayRecord({key: Array(value) for key, value in upload.arrays.items()})
     return _reply(msg, upload.metrics, upload=arrays)
+
+
+@app.query("validate")
+def validate(msg: Message, context: Context) -> Message:
+    """Selection of the central trainer: score each candidate on the clean samples that the server's
+    held-out rows of this party's upload encode; only counts go back."""
+    settings, party, num_parties = _settings(msg, context)
+    names = str(msg.content["config"]["candidates"]).split(",")
+    states = {name: msg.content[f"candidate-{i}"].to_torch_state_dict() for i, name in enumerate(names)}
+    rows = msg.content["rows"]["rows"].numpy()
+    scores = score_candidates(settings, load_partition(settings, party, num_parties), rows, states)
+    metrics = {"party": party}
+    for i, name in enumerate(names):
+        metrics[f"{i}-correct"], metrics[f"{i}-n"] = scores[name]["correct"], scores[name]["n"]
+    return _reply(msg, metrics)
+
+
+@app.query("personalize")
+def personalize_model(msg: Message, context: Context) -> Message:
+    """The central model comes back: recalibrate it on this party's own data. The accuracy reported is a
+    simulation measurement (the party's model on the server's test split), not something a party has."""
+    settings, party, num_parties = _settings(msg, context)
+    device = select_device(settings.device)
+    model = personalize(settings, load_partition(settings, party, num_parties), str(msg.content["config"]["trainer"]),
+                        msg.content["arrays"].to_torch_state_dict(), device)
+    return _reply(msg, {"party": party, "accuracy": test_accuracy(model, load_test(settings), device)["accuracy"]})
 
 
 @app.train()

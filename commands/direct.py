@@ -11,19 +11,28 @@ upload validation, store or adversary.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 import torch
 
 from fedsmix import data as datalib
-from fedsmix.central import test_accuracy, train_classifier
+from fedsmix.central import (
+    Union,
+    needs_public,
+    party_summary,
+    test_accuracy,
+    train_classifier,
+    train_union,
+    union_statistics,
+)
 from fedsmix.config import Settings, dump_settings
 from fedsmix.device import select_device
 from fedsmix.models import new_classifier, represent
-from fedsmix.party import load_partition, prepare_upload, train_local
+from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
 from fedsmix.runs import atomic_write_json, new_run_dir
-from fedsmix.space import load_test, load_train_all, mixing_shape, upload_shape
+from fedsmix.space import load_test, load_train_all, mixing_shape, public_in_space, upload_shape
 from fedsmix.training import state_digest
 
 PAYLOAD = "array payload (direct engine, no wire framing)"
@@ -39,54 +48,57 @@ def _initial(settings: Settings) -> torch.nn.Module:
 
 def mixup_union(settings: Settings, num_parties: int, test, device: str) -> dict:
     t0 = time.perf_counter()
-    xs, ys, parties = [], [], {}
-    encoder_state, phase = None, {}
+    xs, ys, parties, partitions = [], [], {}, {}
+    encoder_state, phase, rounds_bytes = None, {}, 0
     if settings.encoder == "mixcon":  # FedAvg rounds of the split model with the MixCon term, then h ships
         model, curve = fedavg_rounds(settings, num_parties, test, device, 0.0, settings.mixcon_rounds)
         encoder_state = model.encoder.state_dict()
         phase = {"mixcon-phase": {"accuracy": curve[-1]["accuracy"], "rounds": settings.mixcon_rounds, "curve": curve},
                  "encoder": "mixcon"}
         test = (represent(model.encoder, test[0], device), test[1])
+        rounds_bytes = _nbytes(model.state_dict()) * settings.mixcon_rounds
     for party in range(num_parties):
         upload = prepare_upload(settings, party, num_parties, encoder_state=encoder_state)
         xs.append(upload.arrays["x"])
         ys.append(upload.arrays["y"])
-        parties[str(party)] = {**upload.metrics, "upload-bytes": upload.nbytes}
+        parties[party] = {**upload.metrics, "upload-bytes": upload.nbytes}
+        partitions[party] = upload.partition
         del upload
     t_upload = time.perf_counter() - t0
     x, y = np.concatenate(xs), np.concatenate(ys)
+    rows = np.repeat(np.arange(num_parties), [len(a) for a in ys])
     del xs, ys
-    num_classes = datalib.spec(settings.dataset).num_classes
-    model, report = train_classifier(settings, x, y, upload_shape(settings), num_classes, device)
-    metrics = test_accuracy(model, test, device)
+    shape, num_classes = upload_shape(settings), datalib.spec(settings.dataset).num_classes
+    union = Union(x, y, rows, *union_statistics(list(parties.values()), math.prod(shape), settings.encoder))
+
+    def score(models, held):  # each party scores the candidates on its own clean samples, as the ClientApp does
+        states = {name: model.state_dict() for name, model in models.items()}
+        return {p: score_candidates(settings, partitions[p], r, states, device) for p, r in held.items()}
+
+    public = public_in_space(settings) if needs_public(settings) else None
+    selection = train_union(settings, union, shape, num_classes, device, score=score, public=public)
+    metrics = test_accuracy(selection.model, test, device)
     up = [p["upload-bytes"] for p in parties.values()]
-    return {
-        "accuracy": metrics["accuracy"],
-        "test-loss": metrics["loss"],
-        "parties-used": num_parties,
-        "union-size": len(x),
-        "radius-mode": settings.radius_mode,
-        "tau": settings.tau,
-        "parties": parties,
-        "dropped": [],
-        "rejected": [],
-        "upload-seconds": t_upload,
-        "train-seconds": report.seconds,
-        "epochs": report.epochs_run,
-        "weights-sha256": state_digest(model),
-        "wall-seconds": time.perf_counter() - t0,
-        "mean-bytes-up-per-party": sum(up) / len(up) + (per_round_bytes(settings) * settings.mixcon_rounds
-                                                         if encoder_state is not None else 0),
-        "mean-bytes-down-per-party": (per_round_bytes(settings) * settings.mixcon_rounds
-                                      + sum(v.numel() * v.element_size() for v in encoder_state.values())
-                                      if encoder_state is not None else 0),
-        "bytes": PAYLOAD,
-        **phase,
+    result = {
+        "accuracy": metrics["accuracy"], "test-loss": metrics["loss"], "trainer": selection.chosen,
+        "selection": {"validation-accuracy": selection.validation, "held-out-rows": selection.held_out,
+                      "noise-var": union.noise_var, "clean-var": union.clean_var},
+        "parties-used": num_parties, "union-size": len(x), "radius-mode": settings.radius_mode, "tau": settings.tau,
+        "parties": {str(p): v for p, v in parties.items()}, "dropped": [], "rejected": [],
+        "upload-seconds": t_upload, "train-seconds": selection.report.get("seconds"),
+        "epochs": selection.report.get("epochs", 0), "weights-sha256": state_digest(selection.model),
     }
-
-
-def per_round_bytes(settings: Settings) -> int:
-    return _nbytes(_initial(settings).state_dict())
+    if settings.return_model and encoder_state is None:  # mixcon: the head reads h(x), has no BatchNorm
+        state = {k: v.detach().cpu() for k, v in selection.model.state_dict().items()}
+        accuracy = {
+            p: test_accuracy(personalize(settings, part, selection.chosen, state, device), test, device)["accuracy"]
+            for p, part in partitions.items()
+        }
+        result["returned"] = party_summary(accuracy)
+    # mixcon: the FedAvg rounds that trained h count both ways, and h itself travels down once
+    down = rounds_bytes + (_nbytes(encoder_state) if encoder_state is not None else 0)
+    return {**result, "wall-seconds": time.perf_counter() - t0, "mean-bytes-up-per-party": sum(up) / len(up)
+            + rounds_bytes, "mean-bytes-down-per-party": down, "bytes": PAYLOAD, **phase}
 
 
 def local_only(settings: Settings, num_parties: int, test, device: str) -> dict:

@@ -1,18 +1,53 @@
-"""The server's learning steps: the central trainer on the uploaded union, and test evaluation.
+"""The server's learning steps: central trainers on the uploaded union, their honest selection, and
+test evaluation.
 
-Selection of anything (trainer, epochs) sees encoded or public data only, never the test split.
+Singularized mixup uploads carry noise of norm r in every row while the test inputs carry none, so
+the trainer that fits the uploads best is not the one that classifies clean inputs best. The
+`trainer` key picks a family; each family yields candidates, all trained on the uploaded union only:
+
+- `mlp`: the paper's head (eq. 8). `mlp` keeps the BatchNorm statistics of the noisy union;
+  `mlp-recal` the same weights with BatchNorm statistics recalibrated on clean public data in the
+  mixing space (the server's Tiny-ImageNet pool, which it legitimately holds).
+- `ridge`: a closed-form linear head on the uploads, one candidate per relative penalty gamma.
+- `ridge-eiv`: errors in variables: the known noise covariance (sigma^2 I, from every party's
+  reported r and the weight distribution) is removed from the uploads' covariance first.
+- `ridge-public`: the clean covariance is the public pool's, scaled to the parties' reported V;
+  only the input-label cross-covariance comes from the uploads.
+- `auto`: every family above.
+
+With more than one candidate the server holds out `validation-fraction` of every party's upload
+rows, trains the candidates on the rest, and asks each party to score them on the clean samples
+those held-out rows encode (a party knows which of its samples each of its upload rows encodes):
+the model goes back to the parties in the paper's protocol anyway, and only counts come back.
+The best candidate is refit on every row. Nothing here reads the test split.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
 
+import numpy as np
 import torch
+from torch import nn
 
 from .config import Settings
 from .models import new_classifier
 from .seeding import generator
-from .training import TrainConfig, TrainReport, evaluate, train, train_config
+from .training import TrainConfig, TrainReport, evaluate, predict, train, train_config
+
+FAMILIES = {
+    "mlp": ("mlp",),
+    "mlp-recal": ("mlp-recal",),
+    "ridge": ("ridge",),
+    "ridge-eiv": ("ridge-eiv",),
+    "ridge-public": ("ridge-public",),
+}
+FAMILIES["auto"] = tuple(name for names in FAMILIES.values() for name in names)
+LINEAR = ("ridge", "ridge-eiv", "ridge-public")
 
 
 def train_classifier(
@@ -28,7 +63,7 @@ def train_classifier(
     checkpoint_key: str = "",
     on_epoch: Callable[[torch.nn.Module, int, float], None] | None = None,
 ) -> tuple[torch.nn.Module, TrainReport]:
-    """The central trainer. `on_epoch(model, epoch, loss)` sees the model after each epoch."""
+    """The paper's head trained on (x, soft labels). `on_epoch(model, epoch, loss)` sees the model after each epoch."""
     model = new_classifier(settings, sample_shape, num_classes)
     torch.manual_seed(settings.seed + 1)  # dropout stream
     report = train(
@@ -47,3 +82,344 @@ def train_classifier(
 
 def test_accuracy(model: torch.nn.Module, test: tuple[torch.Tensor, torch.Tensor], device: str) -> dict[str, float]:
     return evaluate(model, test[0], test[1], device)
+
+
+# ------------------------------------------------------------------------------------ the union
+class Rows:
+    """A row subset of an array-like (a tensor, an array, the store's memory-mapped union), without copying."""
+
+    def __init__(self, data, rows: np.ndarray):
+        self.data, self.rows = data, np.asarray(rows, dtype=np.int64)
+        self.shape = (len(self.rows), *tuple(data.shape[1:]))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        picked = self.rows[np.asarray(index, dtype=np.int64)]
+        if isinstance(self.data, torch.Tensor):
+            return self.data[torch.from_numpy(picked)]
+        return self.data[picked]
+
+
+@dataclass
+class Union:
+    """The uploaded union as the central trainer sees it.
+
+    `parties[i]` is the party of row i (rows are grouped by party, in the order uploaded);
+    `noise_var` the mean per-coordinate variance of the noise in a row (sigma^2) and `clean_var` that of
+    its mixed clean part: both from what every party reports with its upload (`union_statistics`).
+    """
+
+    x: object
+    y: np.ndarray
+    parties: np.ndarray
+    noise_var: float = 0.0
+    clean_var: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, rows: np.ndarray) -> Union:
+        rows = np.asarray(rows, dtype=np.int64)
+        return Union(Rows(self.x, rows), self.y[rows], self.parties[rows], self.noise_var, self.clean_var)
+
+    def local_rows(self, rows: np.ndarray) -> dict[int, np.ndarray]:
+        """Global row indices -> each party's own upload rows (what the party can map to its samples)."""
+        out = {}
+        for party in np.unique(self.parties[rows]):
+            first = int(np.flatnonzero(self.parties == party)[0])
+            out[int(party)] = np.sort(rows[self.parties[rows] == party]) - first
+        return out
+
+
+@lru_cache(maxsize=8)
+def weight_moments(alpha: float, draws: int = 200_000) -> tuple[float, float]:
+    """(E[w2^2], E[w1^2 + w2^2]) under Algorithm 1's weights (a uniform pair normalised to sum 1, redrawn
+    until max <= alpha), by Monte Carlo with a fixed seed."""
+    from .encoders import sample_weights
+
+    w = sample_weights(draws, alpha, generator(0, "weight-moments")).double()
+    return float((w[:, 1] ** 2).mean()), float((w**2).sum(dim=1).mean())
+
+
+def union_statistics(reports: list[dict], dim: int, encoder: str) -> tuple[float, float]:
+    """(sigma^2, mixed clean variance) per coordinate, row-weighted over the parties' reports
+    (num-examples, radius, alpha, V). For singularized mixup the noise w2 e has sigma^2 = E[w2^2] r^2 / d
+    and the two mixed samples keep E[w1^2 + w2^2] of the clean variance V / d; other encoders add no noise
+    (their mixing scale is left at 1)."""
+    n = sum(int(r["num-examples"]) for r in reports)
+    if not n or dim <= 0:
+        return 0.0, 0.0
+    noise = clean = 0.0
+    for r in reports:
+        rows, v = int(r["num-examples"]), float(r.get("V", 0.0))
+        if encoder == "singularized":
+            partner, mixed = weight_moments(float(r["alpha"]))
+            noise += rows * partner * float(r.get("radius", 0.0)) ** 2
+            clean += rows * mixed * v
+        else:
+            clean += rows * v
+    return noise / n / dim, clean / n / dim
+
+
+# ----------------------------------------------------------------------------------- candidates
+@dataclass
+class Moments:
+    """Centred second moments of the union, accumulated in float64 blocks."""
+
+    n: int
+    mean_x: torch.Tensor  # (d,)
+    mean_y: torch.Tensor  # (C,)
+    xx: torch.Tensor  # (d, d) covariance
+    xy: torch.Tensor  # (d, C) cross-covariance
+
+    @classmethod
+    def of(cls, x, y: np.ndarray, block: int = 4096) -> Moments:
+        n = len(y)
+        first = _flat(x[np.arange(min(block, n))])
+        d, c = first.shape[1], y.shape[1]
+        sx, sy = torch.zeros(d, dtype=torch.float64), torch.zeros(c, dtype=torch.float64)
+        sxx, sxy = torch.zeros(d, d, dtype=torch.float64), torch.zeros(d, c, dtype=torch.float64)
+        for start in range(0, n, block):
+            xb = first if start == 0 else _flat(x[np.arange(start, min(start + block, n))])
+            yb = torch.from_numpy(np.asarray(y[start : start + block], dtype=np.float64))
+            sx += xb.sum(0)
+            sy += yb.sum(0)
+            sxx.addmm_(xb.T, xb)
+            sxy.addmm_(xb.T, yb)
+        mx, my = sx / n, sy / n
+        return cls(n, mx, my, sxx / n - torch.outer(mx, mx), sxy / n - torch.outer(mx, my))
+
+
+def _flat(rows) -> torch.Tensor:
+    t = rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rows))
+    return t.reshape(len(t), -1).double()
+
+
+class LinearHead(nn.Module):
+    """logits = flatten(x) W + b: a closed-form head as a module (evaluated, sent and scored like the MLP)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
+        super().__init__()
+        self.linear = nn.Linear(weight.shape[0], weight.shape[1])
+        with torch.no_grad():
+            self.linear.weight.copy_(weight.T.float())
+            self.linear.bias.copy_(bias.float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.flatten(1))
+
+
+def linear_heads(kind: str, m: Moments, gammas: tuple[float, ...], noise_var: float = 0.0,
+                 prior: torch.Tensor | None = None, clean_var: float = 0.0) -> dict[str, LinearHead]:
+    """One head per relative penalty gamma: W = (S + gamma * tr(S)/d * I)^-1 C_xy, b = mean_y - mean_x W.
+
+    S is the uploads' covariance (`ridge`), that covariance less the known noise sigma^2 I with its
+    eigenvalues floored at 0 (`ridge-eiv`), or the public pool's covariance scaled to the uploads'
+    mixed clean variance (`ridge-public`). C_xy always comes from the uploads: the noise is independent
+    of the labels, so it is unbiased there.
+    """
+    d = m.xx.shape[0]
+    if kind == "ridge":
+        cov = m.xx
+    elif kind == "ridge-eiv":
+        values, vectors = torch.linalg.eigh(m.xx)
+        cov = (vectors * (values - noise_var).clamp_min(0.0)) @ vectors.T
+    elif kind == "ridge-public":
+        if prior is None:
+            raise ValueError("ridge-public needs a clean covariance from public data")
+        cov = prior.double() * (clean_var * d / float(torch.trace(prior))) if clean_var > 0 else prior.double()
+    else:
+        raise ValueError(f"trainer: unknown linear head {kind!r}")
+    values, vectors = torch.linalg.eigh(cov)
+    scale = max(float(values.clamp_min(0).mean()), 1e-12)
+    rotated = vectors.T @ m.xy
+    heads = {}
+    for gamma in gammas:
+        weight = vectors @ (rotated / (values.clamp_min(0) + gamma * scale).unsqueeze(1))
+        heads[f"{kind}@{gamma:g}"] = LinearHead(weight, m.mean_y - m.mean_x @ weight)
+    return heads
+
+
+def public_covariance(public: torch.Tensor) -> torch.Tensor:
+    flat = public.reshape(len(public), -1).double()
+    centred = flat - flat.mean(0)
+    return centred.T @ centred / max(len(flat) - 1, 1)
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: nn.Module, x, device: str = "cpu", batch_size: int = 512) -> nn.Module:
+    """Replace every BatchNorm's running statistics by those of `x` (clean data the model's user holds):
+    cumulative averages over one pass, in train mode for BatchNorm only (dropout stays off)."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model
+    model.to(device).eval()
+    for bn in norms:
+        bn.reset_running_stats()
+        bn.momentum = None  # cumulative moving average: every batch counts the same
+        bn.train()
+    n = len(x)
+    for start in range(0, n, batch_size):
+        index = np.arange(start, min(start + batch_size, n))
+        if len(index) < 2:
+            continue
+        rows = x[torch.from_numpy(index)] if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x[index]))
+        model(rows.to(device, dtype=torch.float32))
+    for bn in norms:
+        bn.momentum = 0.1
+    return model.eval()
+
+
+@dataclass
+class Fitted:
+    models: dict[str, nn.Module]
+    reports: dict[str, dict] = field(default_factory=dict)  # per candidate: how it was trained
+
+
+def needs_public(settings: Settings) -> bool:
+    """Whether the chosen trainer family uses the server's public pool (BatchNorm recalibration, a prior)."""
+    return bool({"mlp-recal", "ridge-public"} & set(FAMILIES[settings.trainer]))
+
+
+def party_summary(accuracy: dict[int, float]) -> dict:
+    """Per-party accuracies with their mean, min and max (parties sorted)."""
+    values = list(accuracy.values())
+    if not values:
+        return {"per-party-accuracy": {}, "mean": None, "min": None, "max": None}
+    return {
+        "per-party-accuracy": {str(p): a for p, a in sorted(accuracy.items())},
+        "mean": sum(values) / len(values), "min": min(values), "max": max(values),
+    }
+
+
+def candidate_names(settings: Settings) -> list[str]:
+    if settings.encoder == "mixcon":  # noise-free representations: LeNet-5's own head, nothing to choose
+        return ["mlp"]
+    names = []
+    for family in FAMILIES[settings.trainer]:
+        if family in LINEAR:
+            names += [f"{family}@{gamma:g}" for gamma in settings.ridge_gammas]
+        else:
+            names.append(family)
+    return names
+
+
+def fit(settings: Settings, union: Union, sample_shape: tuple[int, ...], num_classes: int, device: str,
+        names: list[str], public: torch.Tensor | None = None, **train_options) -> Fitted:
+    """Train the named candidates on `union` (the MLP once for both of its variants; the linear heads from
+    one pass over the union's moments). `train_options` reach the MLP's train_classifier."""
+    fitted = Fitted({})
+    if {"mlp", "mlp-recal"} & set(names):
+        model, report = train_classifier(settings, union.x, union.y, sample_shape, num_classes, device,
+                                         **train_options)
+        info = {"epochs": report.epochs_run, "seconds": report.seconds, "losses": report.losses,
+                "resumed-from": report.resumed_from}
+        if "mlp" in names:
+            fitted.models["mlp"], fitted.reports["mlp"] = model, info
+        if "mlp-recal" in names:
+            if public is None:
+                raise ValueError("trainer mlp-recal needs the public pool in the mixing space")
+            recal = copy.deepcopy(model) if "mlp" in names else model
+            fitted.models["mlp-recal"] = recalibrate_batchnorm(recal, public, device)
+            fitted.reports["mlp-recal"] = {**info, "batchnorm": f"recalibrated on {len(public)} public samples"}
+    kinds = sorted({name.split("@")[0] for name in names if "@" in name})
+    if kinds:
+        m = Moments.of(union.x, union.y)
+        prior = public_covariance(public) if "ridge-public" in kinds and public is not None else None
+        for kind in kinds:
+            gammas = tuple(float(name.split("@")[1]) for name in names if name.startswith(kind + "@"))
+            heads = linear_heads(kind, m, gammas, union.noise_var, prior, union.clean_var)
+            fitted.models.update(heads)
+            info = {"noise-var": union.noise_var, "clean-var": union.clean_var}
+            fitted.reports.update({name: dict(info) for name in heads})
+    return fitted
+
+
+def validation_rows(settings: Settings, parties: np.ndarray) -> np.ndarray:
+    """The rows held out for selection: `validation-fraction` of every party's rows (at least one), seeded."""
+    held = []
+    for party in np.unique(parties):
+        rows = np.flatnonzero(parties == party)
+        k = max(1, math.ceil(settings.validation_fraction * len(rows)))
+        order = torch.randperm(len(rows), generator=generator(settings.seed, int(party), "validation")).numpy()
+        held.append(np.sort(rows[order[:k]]))
+    return np.concatenate(held) if held else np.empty(0, dtype=np.int64)
+
+
+def select(scores: dict[str, dict[str, int]], names: list[str]) -> tuple[str, dict[str, float]]:
+    """The candidate with the most correct predictions pooled over the parties (ties: the earlier name)."""
+    pooled = {}
+    for name in names:
+        correct = sum(int(s[name]["correct"]) for s in scores.values() if name in s)
+        total = sum(int(s[name]["n"]) for s in scores.values() if name in s)
+        pooled[name] = correct / total if total else float("nan")
+    valid = [n for n in names if not math.isnan(pooled[n])]
+    if not valid:
+        raise ValueError("no party scored any candidate: cannot select a trainer")
+    return max(valid, key=lambda n: (pooled[n], -names.index(n))), pooled
+
+
+@torch.no_grad()
+def score_models(models: dict[str, nn.Module], x: torch.Tensor, labels: torch.Tensor, device: str = "cpu") -> dict:
+    """Correct predictions of each model on (x, labels): what a party reports for selection."""
+    out = {}
+    for name, model in models.items():
+        pred = predict(model, x, device).argmax(dim=1)
+        out[name] = {"correct": int((pred == labels.long()).sum()), "n": len(labels)}
+    return out
+
+
+def build_model(name: str, settings: Settings, sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """An empty module of a candidate's architecture (its state dict travels in messages)."""
+    if name in ("mlp", "mlp-recal"):
+        return new_classifier(settings, sample_shape, num_classes)
+    if name.split("@")[0] in LINEAR:
+        return LinearHead(torch.zeros(math.prod(sample_shape), num_classes), torch.zeros(num_classes))
+    raise ValueError(f"trainer: no model called {name!r}")
+
+
+@dataclass
+class Selection:
+    """The central model and how it was chosen."""
+
+    chosen: str
+    model: nn.Module
+    validation: dict[str, float]  # pooled party-validation accuracy per candidate (empty: nothing to choose)
+    held_out: int  # upload rows held out for the selection (refit on every row afterwards)
+    report: dict
+
+
+def train_union(
+    settings: Settings,
+    union: Union,
+    sample_shape: tuple[int, ...],
+    num_classes: int,
+    device: str,
+    *,
+    score: Callable[[dict[str, nn.Module], dict[int, np.ndarray]], dict] | None = None,
+    public: torch.Tensor | None = None,
+    **train_options,
+) -> Selection:
+    """Select a trainer honestly and fit it on the whole union.
+
+    With several candidates: hold out `validation-fraction` of every party's rows, train the candidates
+    on the rest, and `score(models, {party: its held-out upload rows})` returns every party's counts
+    (`score_models` on its clean samples); the best is refit on every row. `train_options` reach the
+    final MLP fit (checkpoints, epoch hooks).
+    """
+    names = candidate_names(settings)
+    validation, held = {}, np.empty(0, dtype=np.int64)
+    if len(names) > 1:
+        if score is None:
+            raise ValueError(f"trainer {settings.trainer!r} has {len(names)} candidates and nobody to score them")
+        held = validation_rows(settings, union.parties)
+        keep = np.setdiff1d(np.arange(len(union)), held)
+        fitted = fit(settings, union.subset(keep), sample_shape, num_classes, device, names, public)
+        chosen, validation = select(score(fitted.models, union.local_rows(held)), names)
+        del fitted
+    else:
+        chosen = names[0]
+    final = fit(settings, union, sample_shape, num_classes, device, [chosen], public, **train_options)
+    return Selection(chosen, final.models[chosen], validation, len(held), final.reports.get(chosen, {}))

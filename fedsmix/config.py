@@ -21,6 +21,7 @@ STRATEGIES = ("mixup-union", "local-only", "fedavg", "fedprox", "centralized")
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-imagenet")
 ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none", "mixcon")
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
+TRAINERS = ("auto", "mlp", "mlp-recal", "ridge", "ridge-eiv", "ridge-public")
 ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient", "inversion", "inversion-decoder")
 # fault injection (clients/faults.py): a party raises or stalls, the server's central training is
 # interrupted after an epoch, or a party sends one kind of bad upload
@@ -114,6 +115,11 @@ class Settings(BaseModel):
     checkpoint_every: int = Field(0, ge=0, description="epochs between checkpoints; 0 = off")
     resume: str = Field("", description="run directory to resume ('latest' = runs-dir/latest)")
     eval_every: int = Field(0, ge=0, description="epochs between test evaluations of the central model; 0 = at the end")
+    # issue 14: the central trainer of mixup-union (fedsmix/central.py) and its honest selection
+    trainer: Literal[TRAINERS] = "auto"  # type: ignore[valid-type]
+    ridge_gammas: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+    validation_fraction: float = Field(0.1, ge=0, lt=1, description="upload rows per party held out for selection")
+    return_model: bool = Field(True, description="send the model back; each party recalibrates it on its own data")
     # federated baselines
     rounds: int = Field(10, ge=1)
     local_epochs: int = Field(1, ge=1)
@@ -143,6 +149,17 @@ class Settings(BaseModel):
     def _split_csv(cls, value: Any) -> tuple[str, ...]:
         return _csv(value)
 
+    @field_validator("ridge_gammas", mode="before")
+    @classmethod
+    def _split_floats(cls, value: Any) -> tuple[float, ...]:
+        if isinstance(value, str):
+            values = _csv(value)
+        else:
+            values = tuple(value) if isinstance(value, list | tuple) else (value,)
+        if not values or any(float(v) <= 0 for v in values):
+            raise ValueError(f"give one or more penalties > 0, got {value!r}")
+        return tuple(float(v) for v in values)
+
     @field_validator("strategies")
     @classmethod
     def _known_strategies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -171,6 +188,12 @@ class Settings(BaseModel):
     def _radius_given_when_fixed(self) -> Settings:
         if self.radius_mode == "fixed" and self.radius <= 0 and self.encoder == "singularized":
             raise ValueError("radius-mode 'fixed' needs radius > 0")
+        linear = self.trainer.startswith("ridge")
+        if self.validation_fraction == 0 and (self.trainer == "auto" or (linear and len(self.ridge_gammas) > 1)):
+            raise ValueError(
+                f"validation-fraction 0 leaves nothing to choose trainer {self.trainer!r} (and ridge-gammas) with; "
+                "set validation-fraction > 0, or one trainer with one ridge-gammas value"
+            )
         if self.radius_mode == "pixel-mapped" and self.backbone == "none":
             raise ValueError("radius-mode 'pixel-mapped' needs a backbone (mixing in feature space)")
         if self.encoder in ("mixup", "instahide-inside", "instahide-cross") and self.coefficient_cap * self.mix_k < 1:
@@ -184,6 +207,9 @@ class Settings(BaseModel):
             if self.model not in ("auto", "lenet5"):
                 raise ValueError(f"model: encoder 'mixcon' splits LeNet-5 at its cut layer; use 'lenet5' or 'auto', "
                                  f"not {self.model!r}")
+            if self.trainer not in ("auto", "mlp"):
+                raise ValueError(f"trainer: encoder 'mixcon' trains LeNet-5's head on the representations ('auto' "
+                                 f"or 'mlp'), not {self.trainer!r}")
         if self.encoder == "instahide-cross":
             if self.mix_k < 3:
                 raise ValueError(
@@ -208,7 +234,7 @@ class Settings(BaseModel):
         """Flat dict in Flower's run-config value types (tuples become CSV strings)."""
         out = {}
         for key, value in self.model_dump(by_alias=True).items():
-            out[key] = ",".join(value) if isinstance(value, tuple | list) else value
+            out[key] = ",".join(str(v) for v in value) if isinstance(value, tuple | list) else value
         return out
 
     def replace(self, **changes: Any) -> Settings:
@@ -224,8 +250,7 @@ def _validate(data: Mapping[str, Any], source: str) -> Settings:
     unknown = [k for k in data if _dash(k) not in KEYS]
     if unknown:
         raise SettingsError(
-            f"{source}: unknown key(s) {', '.join(repr(k) for k in unknown)}; "
-            f"allowed keys: {', '.join(KEYS)}"
+            f"{source}: unknown key(s) {', '.join(repr(k) for k in unknown)}; allowed keys: {', '.join(KEYS)}"
         )
     try:
         return Settings.model_validate({_dash(k): v for k, v in data.items()})

@@ -229,6 +229,41 @@ def prepare_upload(settings: Settings, party: int, num_parties: int,
     return Upload(arrays, metrics, part, enc, cal)
 
 
+def samples_of_rows(settings: Settings, part: Partition, rows: np.ndarray) -> np.ndarray:
+    """The party's own sample that each of its upload rows encodes first (row i of encoding t encodes
+    sample i: the encoders stack T encodings of the partition in order)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    total = len(part.x) * settings.encodings_per_sample
+    if len(rows) and (rows.min() < 0 or rows.max() >= total):
+        raise ValueError(f"party {part.party}: upload rows outside 0..{total - 1}")
+    return rows % len(part.x)
+
+
+def score_candidates(
+    settings: Settings, part: Partition, rows: np.ndarray, states: dict[str, dict], device: str = "cpu"
+) -> dict[str, dict[str, int]]:
+    """Selection of the central trainer: each candidate's correct predictions on the clean samples that the
+    server's held-out upload rows encode. Only these counts leave the party."""
+    from .central import build_model, score_models
+
+    samples = torch.from_numpy(samples_of_rows(settings, part, rows))
+    models = {}
+    for name, state in states.items():
+        models[name] = build_model(name, settings, part.sample_shape, part.num_classes)
+        models[name].load_state_dict(state)
+    return score_models(models, part.x[samples], part.labels[samples], device)
+
+
+def personalize(settings: Settings, part: Partition, name: str, state: dict, device: str = "cpu") -> torch.nn.Module:
+    """The central model as the party ends up with it: BatchNorm statistics recalibrated on the party's
+    own clean partition (a linear head has none and is returned as sent)."""
+    from .central import build_model, recalibrate_batchnorm
+
+    model = build_model(name, settings, part.sample_shape, part.num_classes)
+    model.load_state_dict(state)
+    return recalibrate_batchnorm(model, part.x, device)
+
+
 # ------------------------------------------------------------------------------ local training
 @dataclass
 class LocalResult:

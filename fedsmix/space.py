@@ -79,3 +79,15 @@ def load_public_pool(settings: Settings, private: datalib.DatasetSpec) -> torch.
     if unit.shape[-2:] != (h, w):
         unit = torch.nn.functional.interpolate(unit, size=(h, w), mode="bilinear", antialias=True, align_corners=False)
     return datalib.normalize(unit.clamp(0, 1), private)
+
+
+def public_in_space(settings: Settings, spec: datalib.DatasetSpec | None = None) -> torch.Tensor:
+    """The server's public data (Tiny-ImageNet) where the mixing happens: pixels in the private images'
+    shape and normalisation (`spec`, default the run's data set), or features of the parties' backbone.
+    `public-size` > 0 keeps that many."""
+    if settings.backbone != "none":
+        from .features import public_features
+
+        return public_features(settings, settings.public_size)
+    pool = load_public_pool(settings, spec or datalib.spec(settings.dataset))
+    return pool[: settings.public_size] if settings.public_size else pool

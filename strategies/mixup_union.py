@@ -14,17 +14,19 @@ LeNet-5's head on the union of representations and tests head(h(x)) on the test 
 from __future__ import annotations
 
 import io
+import math
 import time
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 from fedsmix import data as datalib
-from fedsmix.central import test_accuracy, train_classifier
+from fedsmix.central import Selection, Union, needs_public, party_summary, test_accuracy, train_union, union_statistics
 from fedsmix.faults import interrupt_after
 from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
 from fedsmix.runs import atomic_write_bytes
-from fedsmix.space import mixing_shape, upload_shape
+from fedsmix.space import mixing_shape, public_in_space, upload_shape
 from fedsmix.training import CheckpointMismatch, state_digest
 from server.context import RunContext
 from server.store import UploadStore
@@ -163,46 +165,45 @@ def run(ctx: RunContext) -> dict:
     )
     used = sorted(parties)
     x, y = store.union(used)
-    key = store.union_key(used)
+    shape, num_classes = expectation(ctx).sample_shape, datalib.spec(s.dataset).num_classes
+    rows = np.repeat(np.array(used), np.diff(x.offsets))
+    union = Union(x, y, rows, *union_statistics([parties[p] for p in used], math.prod(shape), s.encoder))
+    public = public_in_space(s) if needs_public(s) else None
     checkpoint = ctx.run_dir / "checkpoints" / "central.pt" if s.checkpoint_every else None
     curve: list[dict] = []
-    shape, num_classes = expectation(ctx).sample_shape, datalib.spec(s.dataset).num_classes
     test = ctx.test_set()
     if encoder is not None:  # the server holds h: its head is tested on h(x) of the test split
         test = (represent(encoder, test[0], ctx.device), test[1])
 
-    def train():
-        return train_classifier(
-            s,
-            x,
-            y,
-            shape,
-            num_classes,
-            ctx.device,
-            checkpoint_path=checkpoint,
-            checkpoint_key=key,
+    def train() -> Selection:
+        return train_union(
+            s, union, shape, num_classes, ctx.device, score=lambda models, held: score_round(ctx, models, held),
+            public=public, checkpoint_path=checkpoint, checkpoint_key=store.union_key(used),
             on_epoch=epoch_hook(ctx, t0, curve, test),
         )
 
     checkpoint_note = None
     try:
-        model, report = train()
+        selection = train()
     except CheckpointMismatch as err:  # the uploads changed since the checkpoint: start over, say so
         checkpoint.unlink()
         checkpoint_note = str(err)
-        model, report = train()
+        selection = train()
+    model, report = selection.model, selection.report
     metrics = test_accuracy(model, test, ctx.device)
-    if not curve or curve[-1]["epoch"] != len(report.losses):
-        curve.append(
-            {"epoch": len(report.losses), "accuracy": metrics["accuracy"], "seconds": time.perf_counter() - t0}
-        )
+    epochs = len(report.get("losses", []))
+    if epochs and (not curve or curve[-1]["epoch"] != epochs):
+        curve.append({"epoch": epochs, "accuracy": metrics["accuracy"], "seconds": time.perf_counter() - t0})
     weights = _save_model(ctx, model)
     result = {
         "accuracy": metrics["accuracy"],
         "test-loss": metrics["loss"],
+        "trainer": selection.chosen,
+        "selection": {"validation-accuracy": selection.validation, "held-out-rows": selection.held_out,
+                      "noise-var": union.noise_var, "clean-var": union.clean_var},
         "parties-used": len(parties),
         "num-partitions": len(nodes),
-        "union-size": len(x),
+        "union-size": len(union),
         "radius-mode": s.radius_mode,  # how each party chose r: see the per-party radius, m-f, snr-bound
         "tau": s.tau,
         "parties": {str(p): v for p, v in sorted(parties.items())},
@@ -210,19 +211,71 @@ def run(ctx: RunContext) -> dict:
         "rejected": rejected,
         "discarded-uploads": discarded,
         "upload-seconds": t_upload,
-        "train-seconds": report.seconds,
-        "epochs": len(report.losses),
-        "resumed-from-epoch": report.resumed_from,
+        "train-seconds": report.get("seconds"),
+        "epochs": epochs,
+        "resumed-from-epoch": report.get("resumed-from", 0),
         "checkpoint-discarded": checkpoint_note,
         "curve": curve,
         "weights-sha256": weights,
-        "wall-seconds": time.perf_counter() - t0,
-        **bytes_summary(ctx, nodes),
     }
     if encoder_phase is not None:
         result["encoder"] = "mixcon"
-        result["mixcon-phase"] = encoder_phase  # the FedAvg rounds that trained h (their bytes are counted above)
+        result["mixcon-phase"] = encoder_phase  # the FedAvg rounds that trained h (their bytes are counted below)
+    if s.return_model and encoder is None:  # mixcon: the head reads h(x) and has no BatchNorm to recalibrate
+        result["returned"] = return_round(ctx, selection, used)
+    result["wall-seconds"] = time.perf_counter() - t0
+    result.update(bytes_summary(ctx, nodes))
     return result
+
+
+def _party_nodes(ctx: RunContext, parties) -> dict[int, int]:
+    nodes = {party: node for node, party in ctx.node_party.items()}
+    return {party: nodes[party] for party in parties if party in nodes}
+
+
+def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], held: dict[int, np.ndarray]) -> dict:
+    """query "validate": each party scores the candidates on the clean samples its held-out rows encode."""
+    names = list(models)
+    states = {f"candidate-{i}": ArrayRecord(models[name].cpu().state_dict()) for i, name in enumerate(names)}
+    messages = [
+        Message(
+            RecordDict({
+                "config": settings_config(ctx, candidates=",".join(names)),
+                "rows": ArrayRecord({"rows": Array(rows.astype(np.int64))}),
+                **states,
+            }),
+            dst_node_id=node,
+            message_type="query.validate",
+        )
+        for party, node in _party_nodes(ctx, held).items()
+        for rows in [held[party]]
+    ]
+    scores = {}
+    for reply in ctx.send_and_receive(messages):
+        if reply.has_error():
+            continue  # a party that does not answer does not vote
+        m = reply.content["metrics"]
+        scores[int(m["party"])] = {
+            name: {"correct": int(m[f"{i}-correct"]), "n": int(m[f"{i}-n"])} for i, name in enumerate(names)
+        }
+    return scores
+
+
+def return_round(ctx: RunContext, selection: Selection, parties: list[int]) -> dict:
+    """query "personalize": the model goes back to every party, which recalibrates it on its own data.
+    Each reports the test accuracy of the model it ends up with (a simulation measurement: the party
+    scores it on the server's test split)."""
+    record = ArrayRecord(selection.model.cpu().state_dict())
+    config = settings_config(ctx, trainer=selection.chosen)
+    messages = [
+        Message(RecordDict({"config": config, "arrays": record}), dst_node_id=node, message_type="query.personalize")
+        for node in _party_nodes(ctx, parties).values()
+    ]
+    accuracy = {}
+    for reply in ctx.send_and_receive(messages):
+        if not reply.has_error():
+            accuracy[int(reply.content["metrics"]["party"])] = float(reply.content["metrics"]["accuracy"])
+    return party_summary(accuracy)
 
 
 def _save_model(ctx: RunContext, model: torch.nn.Module) -> str:

@@ -21,7 +21,7 @@ from fedsmix.config import Settings
 from fedsmix.encoders import Calibration, Encoded
 from fedsmix.models import new_classifier
 from fedsmix.party import Partition, train_local
-from fedsmix.space import load_public_pool
+from fedsmix.space import load_public_pool, public_in_space
 
 from .base import GradientObservation, Observation
 
@@ -58,16 +58,9 @@ def valid_bounds(settings: Settings, spec: datalib.DatasetSpec) -> tuple[torch.T
     return feature_range(settings)
 
 
-def public_samples(settings: Settings, spec: datalib.DatasetSpec) -> torch.Tensor:
-    """The attacker's public data (Tiny-ImageNet) in the victims' space: pixels in their shape and
-    normalisation, or features of the same backbone, input size and weights. `public-size` > 0
-    keeps that many samples."""
-    if settings.backbone != "none":
-        from fedsmix.features import public_features
-
-        return public_features(settings, settings.public_size)
-    pool = load_public_pool(settings, spec)
-    return pool[: settings.public_size] if settings.public_size else pool
+def public_samples(settings: Settings, spec: datalib.DatasetSpec | None = None) -> torch.Tensor:
+    """The attacker's public data in the victims' space (pixels of `spec`'s shape, e.g. resized victims)."""
+    return public_in_space(settings, spec)
 
 
 def observation(enc: Encoded, radius: float | None, spec: datalib.DatasetSpec | None = None,

@@ -1,0 +1,145 @@
+"""The central trainers (fedsmix/central.py): closed-form heads, the known-noise correction, BatchNorm
+recalibration, and a selection that sees only what the parties score on their own clean data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedsmix import central
+from fedsmix import data as datalib
+from fedsmix.config import load_settings
+from fedsmix.encoders import singularized_mixup
+from fedsmix.seeding import generator
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def blobs(n: int, d: int = 32, classes: int = 4, seed: int = 0, spread: float = 1.0):
+    """Gaussian classes in d dimensions: means on a sphere of radius 3, unit noise."""
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(classes, d, generator=torch.Generator().manual_seed(99))
+    means = 3 * means / means.norm(dim=1, keepdim=True)
+    labels = torch.randint(0, classes, (n,), generator=g)
+    return means[labels] + spread * torch.randn(n, d, generator=g), labels
+
+
+def test_ridge_heads_are_the_closed_form_solution():
+    x, labels = blobs(400)
+    y = datalib.one_hot(labels, 4).numpy()
+    m = central.Moments.of(x, y)
+    head = central.linear_heads("ridge", m, (0.1,))["ridge@0.1"]
+    xc = (x.double() - x.double().mean(0)).numpy()
+    cov = xc.T @ xc / len(x)
+    lam = 0.1 * np.trace(cov) / cov.shape[0]
+    expected = np.linalg.solve(cov + lam * np.eye(len(cov)), xc.T @ (y - y.mean(0)) / len(x))
+    assert np.allclose(head.linear.weight.detach().double().numpy().T, expected, atol=1e-5)
+    logits = head(x).detach().double().numpy()
+    assert np.allclose(logits, xc @ expected + y.mean(0), atol=1e-4)  # the bias centres the inputs
+
+
+def test_errors_in_variables_removes_the_known_noise():
+    """With isotropic input noise of known variance, ridge-eiv's weights land near the clean solution and
+    plain ridge's shrink towards zero (at a penalty that keeps the corrected covariance well conditioned:
+    below it the eigenvalues' sampling error dominates, which is why gamma is selected, not fixed)."""
+    x, labels = blobs(20_000, d=16, seed=1)
+    y = datalib.one_hot(labels, 4).numpy()
+    sigma2 = 25.0
+    noisy = x + sigma2**0.5 * torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
+    clean = central.linear_heads("ridge", central.Moments.of(x, y), (1.0,))["ridge@1"].linear.weight.detach()
+    m = central.Moments.of(noisy, y)
+    plain = central.linear_heads("ridge", m, (1.0,))["ridge@1"].linear.weight.detach()
+    eiv = central.linear_heads("ridge-eiv", m, (1.0,), noise_var=sigma2)["ridge-eiv@1"].linear.weight.detach()
+    assert (eiv - clean).norm() < 0.5 * (plain - clean).norm()
+    assert plain.norm() < 0.5 * clean.norm()  # the attenuation errors-in-variables undoes
+
+
+def test_batchnorm_is_recalibrated_on_the_given_data():
+    settings = load_settings({"model": "mlp"})
+    model = central.build_model("mlp", settings, (8,), 3)
+    x = torch.randn(256, 8) * 5 + 2
+    central.recalibrate_batchnorm(model, x)
+    bn = model.net[2]
+    first = model.net[1](x).detach()
+    assert torch.allclose(bn.running_mean, first.mean(0), atol=1e-4)
+    assert torch.allclose(bn.running_var, first.var(0), rtol=1e-3)
+    assert not model.training
+
+
+def _synthetic_union(settings, radius: float, parties: int = 4, n: int = 600):
+    """Each party encodes its own blobs with singularized mixup at `radius`; returns the union, the parties'
+    clean data and a clean test set."""
+    xs, ys, owners, clean = [], [], [], {}
+    for p in range(parties):
+        x, labels = blobs(n, seed=10 + p)
+        enc = singularized_mixup(x, datalib.one_hot(labels, 4), settings.alpha, radius, generator(0, p, "encode"))
+        xs.append(enc.x)
+        ys.append(enc.y.numpy())
+        owners.append(np.full(n, p))
+        clean[p] = (x, labels)
+    d = xs[0].shape[1]
+    reports = [{"num-examples": n, "radius": radius, "alpha": settings.alpha, "V": float(x.var(0).sum())}
+               for x, _ in clean.values()]
+    union = central.Union(torch.cat(xs), np.concatenate(ys), np.concatenate(owners),
+                          *central.union_statistics(reports, d, "singularized"))
+    return union, clean, blobs(2000, seed=77)
+
+
+def _party_scores(clean):
+    def score(models, held):
+        return {p: central.score_models(models, clean[p][0][rows], clean[p][1][rows]) for p, rows in held.items()}
+
+    return score
+
+
+def test_under_large_known_noise_the_noise_aware_trainers_beat_the_mlp():
+    settings = load_settings({"model": "mlp", "epochs": 15, "batch-size": 64, "trainer": "auto",
+                              "ridge-gammas": "0.01,1,100"})
+    union, clean, (x_test, y_test) = _synthetic_union(settings, radius=150.0)
+    public, _ = blobs(1000, seed=5)
+    accuracy = {}
+    for trainer in ("mlp", "ridge-eiv", "auto"):
+        chosen = settings.replace(trainer=trainer)
+        selection = central.train_union(chosen, union, (32,), 4, "cpu", score=_party_scores(clean), public=public)
+        accuracy[trainer] = central.test_accuracy(selection.model, (x_test, y_test), "cpu")["accuracy"]
+        if trainer == "auto":
+            assert selection.chosen != "mlp" and selection.held_out == 4 * 60  # 10 % of each party's 600 rows
+            assert set(selection.validation) == set(central.candidate_names(chosen))
+    assert accuracy["mlp"] < 0.4  # the head fits the noise statistics and fails on clean inputs
+    assert accuracy["ridge-eiv"] > accuracy["mlp"] + 0.2
+    assert accuracy["auto"] > accuracy["mlp"] + 0.2
+
+
+def test_selection_never_reads_the_test_split(monkeypatch):
+    settings = load_settings({"model": "mlp", "epochs": 2, "trainer": "auto", "ridge-gammas": "0.1,10"})
+    union, clean, _ = _synthetic_union(settings, radius=5.0, parties=2, n=200)
+
+    def refuse(name, split, *args, **kwargs):
+        if split == "test":
+            raise AssertionError("the trainer's selection read the test split")
+        raise AssertionError(f"unexpected data load: {name}/{split}")
+
+    monkeypatch.setattr(datalib, "load_split", refuse)
+    selection = central.train_union(settings, union, (32,), 4, "cpu", score=_party_scores(clean),
+                                    public=blobs(300, seed=3)[0])
+    assert selection.chosen in central.candidate_names(settings)
+
+
+def test_each_held_out_row_maps_to_the_partys_own_sample():
+    from fedsmix.party import Partition, samples_of_rows
+
+    settings = load_settings({"encodings-per-sample": 2})
+    part = Partition(0, torch.zeros(5, 3), torch.zeros(5, dtype=torch.long), 2, datalib.spec("digits"), np.arange(5))
+    assert samples_of_rows(settings, part, np.array([0, 4, 5, 9])).tolist() == [0, 4, 0, 4]
+    with pytest.raises(ValueError, match="party 0: upload rows outside 0..9"):
+        samples_of_rows(settings, part, np.array([10]))
+
+
+def test_validation_rows_are_a_seeded_fraction_of_every_party():
+    settings = load_settings({"validation-fraction": 0.25})
+    parties = np.repeat([0, 1, 2], [8, 4, 1])
+    held = central.validation_rows(settings, parties)
+    assert [int((parties[held] == p).sum()) for p in range(3)] == [2, 1, 1]  # at least one row each
+    assert np.array_equal(held, central.validation_rows(settings, parties))
+    assert not np.array_equal(held, central.validation_rows(settings.replace(seed=1), parties))
