@@ -37,6 +37,8 @@ class TrainConfig:
     mixcon_beta: float = 0.0
     mixcon_eps: float = 1e-6
     mixcon_pairs: int = 0
+    mixcon_normalize: bool = True  # dist on L2-normalised h (footnote 3); False: raw h (the synthetic figure)
+    clip_grad_norm: float = 0.0  # > 0: clip the gradient's global norm (beta/dist can spike; docs/mixcon.md)
 
 
 def mixcon_config(settings: Settings) -> dict:
@@ -88,16 +90,19 @@ def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tens
     return sum(((p - r) ** 2).sum() for p, r in zip((p for p in model.parameters() if p.requires_grad), reference))
 
 
-def mixcon_loss(z: torch.Tensor, labels: torch.Tensor, beta: float, eps: float = 1e-6, pairs: int = 0) -> torch.Tensor:
+def mixcon_loss(z: torch.Tensor, labels: torch.Tensor, beta: float, eps: float = 1e-6, pairs: int = 0,
+                normalize: bool = True) -> torch.Tensor:
     """MixCon's consistency loss (eq. 1) on one batch of cut-layer representations z.
 
     L = 1/p 1/(|C|(|C|-1)) sum_i sum_{c1 != c2} (dist + beta / dist), dist = ||h(x_i,c1) - h(x_i,c2)||^2
-    on L2-normalised representations (footnote 3), clamped to [eps, 1/eps]; x_i,c is the i-th sample
-    of class c in the batch and p the smallest class count among the classes present (class-balanced
-    pairing: the i-th sample of every class meets the i-th of every other; `pairs` > 0 caps p).
-    Fewer than two classes in the batch: no pair, the term is 0.
+    on L2-normalised representations (footnote 3; `normalize=False`: on h itself), clamped to [eps, 1/eps];
+    x_i,c is the i-th sample of class c in the batch and p the smallest class count among the classes
+    present (class-balanced pairing: the i-th sample of every class meets the i-th of every other;
+    `pairs` > 0 caps p). Fewer than two classes in the batch: no pair, the term is 0.
     """
-    z = nn.functional.normalize(z.flatten(1).float(), dim=1)
+    z = z.flatten(1).float()
+    if normalize:
+        z = nn.functional.normalize(z, dim=1)
     classes, counts = labels.unique(return_counts=True)
     if len(classes) < 2:
         return z.sum() * 0.0
@@ -131,7 +136,7 @@ def batch_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, cfg: TrainC
     loss = soft_cross_entropy(logits.float(), yb)
     if cfg.mixcon_lambda > 0:
         loss = loss + cfg.mixcon_lambda * mixcon_loss(z, yb.argmax(dim=1), cfg.mixcon_beta, cfg.mixcon_eps,
-                                                      cfg.mixcon_pairs)
+                                                      cfg.mixcon_pairs, cfg.mixcon_normalize)
     if reference is not None:
         loss = loss + 0.5 * cfg.proximal_mu * proximal_term(model, reference)
     return loss
@@ -236,6 +241,8 @@ def train(
             loss = batch_loss(model, xb, yb, cfg, reference)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if cfg.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad_norm)
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
