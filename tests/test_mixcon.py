@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -117,6 +119,23 @@ def test_inversion_recovers_images_through_an_identity_like_h(mnist):
     assert inversion_ssim(h, xt[:8], spec, steps=150) > 0.9
 
 
+def test_inversion_chooses_zeta_on_public_probes_only(mnist):
+    x, _, xt, _, spec = mnist
+    h = nn.Conv2d(1, 1, 1)  # identity: any TV only blurs, so the smaller zeta must win
+    with torch.no_grad():
+        h.weight.fill_(1.0)
+        h.bias.zero_()
+    lo, hi = data.valid_range(spec)
+    with pytest.raises(ValueError, match="probe"):
+        ModelInversion(tv=(1e-5, 10.0))
+    attack = ModelInversion(steps=60, tv=(10.0, 1e-5), probe=x[:4])
+    with torch.no_grad():
+        z = h(xt[:4])
+    attack.reconstruct(Observation(x_tilde=z, n_private=4, lo=lo, hi=hi, encoder=h, input_shape=(1, 28, 28)))
+    assert attack.tv == 1e-5 and set(attack.selection) == {10.0, 1e-5}
+    assert attack.selection[1e-5] > attack.selection[10.0]
+
+
 def test_inversion_does_worse_against_a_mixcon_trained_h(mnist):
     x, labels, xt, _, spec = mnist
     ssim = {}
@@ -210,3 +229,31 @@ def test_fashion_mnist_from_debians_idx_files(tmp_path, monkeypatch):
     assert test.labels[:10].tolist() == [9, 2, 1, 1, 6, 1, 4, 6, 5, 7]  # the official test order
     assert abs(float(data.to_unit(test.images, test.spec).mean()) - 0.2860) < 0.005
     assert (tmp_path / "cache" / "fedsmix" / "idx" / "FashionMNIST" / "raw" / "t10k-images-idx3-ubyte").is_file()
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+def test_mixcon_rows_in_a_frontier(data_dir, runs_dir):
+    """Both rows are real Flower runs (FedAvg trains h, every party uploads h(x) through the ClientApp); the
+    frontier replays the victim's upload bit for bit from the stored split model and inverts it."""
+    import csv
+    from pathlib import Path
+
+    from commands.frontier.run import run_frontier
+
+    overrides = {"runs-dir": runs_dir, "data-dir": data_dir, "train-subset": 600, "test-subset": 200, "epochs": 1,
+                 "rounds": 1, "mixcon-rounds": 1, "attack-victims": 4, "public-size": 256}
+    plan = {"rows": "mixcon-l0,mixcon-l1-b1e-4", "parties": 2, "inversion-steps": 20, "decoder-epochs": 1,
+            "reencoding": 1}
+    summary = run_frontier("configs/frontier-mnist.yaml", overrides, plan)
+    run_dir = Path(summary["run-dir"])
+    attacks = list(csv.DictReader((run_dir / "attacks.csv").open()))
+    for row in ("mixcon-l0", "mixcon-l1-b1e-4"):
+        assert {a["attack"] for a in attacks if a["strategy"] == row} == {"trivial guess", "inversion",
+                                                                          "inversion-decoder"}
+    for record in summary["records"]:
+        run = json.loads((Path(record["run_dir"]) / "results.json").read_text())["strategies"]["mixup-union"]
+        assert run["encoder"] == "mixcon" and run["mixcon-phase"]["rounds"] == 1
+        assert (Path(record["run_dir"]) / "models" / "mixcon-split.pt").is_file()
+        assert record["bytes_up_per_party"] > 300 * 410 * 4  # h(x) and labels, plus the FedAvg round
+    assert summary["reencoding"] == []  # h(x) is the same at every re-encoding

@@ -86,7 +86,7 @@ class FrontierPlan(BaseModel):
     gradient_tv: float = Field(1e-2, ge=0)
     inversion_steps: int = Field(500, ge=1, description="model inversion (mixcon rows): SGD steps per victim")
     inversion_lr: float = Field(1.0, gt=0)
-    inversion_tv: float = Field(1e-5, ge=0)
+    inversion_tv: tuple[float, ...] = (1e-5, 1e-3, 1e-2, 3e-2, 1e-1)  # zeta grid, chosen on public probes
     decoder_epochs: int = Field(50, ge=1, description="the inversion decoder's epochs on the public images")
     reencoding: tuple[int, ...] = (1, 4, 16)
     #: attacks tried on every row they apply to (server/adversary/registry.py); the U-Net trains per
@@ -94,12 +94,12 @@ class FrontierPlan(BaseModel):
     attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "gradient", "inversion",
                                 "inversion-decoder")
 
-    @field_validator("rows", "reencoding", "attacks", mode="before")
+    @field_validator("rows", "reencoding", "attacks", "inversion_tv", mode="before")
     @classmethod
     def _csv(cls, value: Any):
         if isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())
-        if isinstance(value, int):
+        if isinstance(value, int | float):
             return (value,)
         return tuple(value)
 

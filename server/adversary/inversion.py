@@ -4,10 +4,13 @@
 
     x* = argmin_s ||h(s) - z||_2 + zeta * TV(s),   TV(s) = sum_ij ((s_i+1,j - s_ij)^2 + (s_i,j+1 - s_ij)^2)^(1/2)
 
-by SGD with the paper's settings (appendix C.2: weight decay 1e-4, 500 iterations, zeta = 1e-5 for MNIST
-and Fashion-MNIST) except the step size: the paper's lr 10 oscillates on our normalised pixels (the
-norm's gradient does not shrink near the optimum; mean SSIM 0.21 on a vanilla LeNet-5 against 0.36 at
-lr 1), so the default is lr 1 with a cosine decay (lr 0.3-3 all score within 0.02; docs/mixcon.md).
+by SGD with the paper's settings (appendix C.2: weight decay 1e-4, 500 iterations) except the step size
+and zeta: the paper's lr 10 oscillates on our normalised pixels (the norm's gradient does not shrink near
+the optimum; mean SSIM 0.21 on a vanilla LeNet-5 against 0.36 at lr 1), so the default is lr 1 with a
+cosine decay (lr 0.3-3 all score within 0.02; docs/mixcon.md). The paper grid-searched zeta (1e-5 for
+MNIST in its scale); here the attacker does the same without private data: given several zetas and a few
+public probe images, it inverts h(probe) at each and keeps the zeta whose reconstructions of the probe
+score best (`choose_tv`), once per h.
 Appendix C.1's synthetic variant uses ||h(s) - z||_1 without TV at lr 0.01 (`norm="l1"`). Every victim
 is solved on its own (the batch objective is a sum of per-victim terms). It starts from the attacker's
 data-free guess (the public mean sample) and, unless `box=False`, projects onto the valid pixel range
@@ -77,28 +80,51 @@ class ModelInversion(Attack):
     name = "inversion"
     threat_model = "white box: knows the cut-layer network h (its weights) and the uploaded h(x); no training data"
 
-    def __init__(self, steps: int = 500, lr: float = 1.0, weight_decay: float = 1e-4, tv: float = 1e-5,
-                 norm: str = "l2", box: bool = True, cosine: bool = True, batch_size: int = 128, device: str = "cpu"):
+    def __init__(self, steps: int = 500, lr: float = 1.0, weight_decay: float = 1e-4,
+                 tv: float | tuple[float, ...] = 1e-5, norm: str = "l2", box: bool = True, cosine: bool = True,
+                 batch_size: int = 128, device: str = "cpu", probe: torch.Tensor | None = None):
         if norm not in ("l1", "l2"):
             raise ValueError(f"inversion: norm must be 'l1' or 'l2', got {norm!r}")
-        self.steps, self.lr, self.weight_decay, self.tv = steps, lr, weight_decay, tv
+        self.tvs = tuple(tv) if isinstance(tv, tuple | list) else (float(tv),)
+        if len(self.tvs) > 1 and probe is None:
+            raise ValueError("inversion: choosing zeta among several values needs public probe images (probe=...)")
+        self.steps, self.lr, self.weight_decay, self.tv = steps, lr, weight_decay, self.tvs[0]
         self.norm, self.box, self.cosine, self.batch_size, self.device = norm, box, cosine, batch_size, device
+        self.probe = probe
         self.last_losses: list[float] = []
+        self.selection: dict = {}  # zeta -> the probe's mean SSIM, for the h it was chosen for
+        self.selected_for: nn.Module | None = None
 
-    def objective(self, h: nn.Module, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def objective(self, h: nn.Module, s: torch.Tensor, z: torch.Tensor, tv: float | None = None) -> torch.Tensor:
         """Per victim: ||h(s) - z|| (+ zeta TV(s) for images)."""
+        tv = self.tv if tv is None else tv
         residual = (h(s).float() - z).flatten(1)
         value = residual.abs().sum(dim=1) if self.norm == "l1" else residual.pow(2).sum(dim=1).add(1e-12).sqrt()
-        if self.tv > 0 and s.dim() == 4:
-            value = value + self.tv * isotropic_tv(s)
+        if tv > 0 and s.dim() == 4:
+            value = value + tv * isotropic_tv(s)
         return value
 
-    def reconstruct(self, observation: Observation) -> torch.Tensor:
-        obs = observation
-        shape = check_white_box(obs, self.name)
+    def choose_tv(self, obs: Observation, h: nn.Module, shape: tuple[int, ...]) -> float:
+        """The attacker's own model selection, without private data: invert h(probe) of its public images at
+        every zeta and keep the one whose reconstructions score the best mean SSIM (images mapped to [0, 1]
+        through the valid box)."""
+        from fedsmix.metrics import ssim
+
+        probe = self.probe.to(self.device, torch.float32)
+        with torch.no_grad():
+            codes = h(probe).float()
+        lo, hi = (_bound(b, probe) for b in (obs.lo, obs.hi))
+        unit = ((lambda t: (t - lo) / (hi - lo)) if lo is not None and hi is not None
+                else (lambda t: (t - probe.min()) / (probe.max() - probe.min())))
+        self.selection = {}
+        for tv in self.tvs:
+            guess = self.solve(h, codes, obs, shape, tv)
+            self.selection[tv] = float(ssim(unit(probe).clamp(0, 1).cpu(), unit(guess).clamp(0, 1).cpu()).mean())
+        return max(self.tvs, key=lambda tv: self.selection[tv])
+
+    def solve(self, h: nn.Module, z_all: torch.Tensor, obs: Observation, shape: tuple[int, ...],
+              tv: float) -> torch.Tensor:
         device = self.device
-        h = frozen(obs.encoder, device)
-        z_all = obs.x_tilde.to(device, torch.float32)
         start = start_point(obs, shape, device)
         lo, hi = (_bound(b, start.unsqueeze(0)) for b in (obs.lo, obs.hi)) if self.box else (None, None)
         out, self.last_losses = [], []
@@ -109,7 +135,7 @@ class ModelInversion(Attack):
             schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, self.steps) if self.cosine else None
             for _ in range(self.steps):
                 optimizer.zero_grad(set_to_none=True)
-                self.objective(h, s, z).sum().backward()
+                self.objective(h, s, z, tv).sum().backward()
                 optimizer.step()
                 if schedule is not None:
                     schedule.step()
@@ -117,9 +143,21 @@ class ModelInversion(Attack):
                     with torch.no_grad():
                         s.clamp_(lo, hi)
             with torch.no_grad():
-                self.last_losses += self.objective(h, s, z).tolist()
+                self.last_losses += self.objective(h, s, z, tv).tolist()
             out.append(s.detach())
         return torch.cat(out) if out else torch.empty(0, *shape)
+
+    def reconstruct(self, observation: Observation) -> torch.Tensor:
+        obs = observation
+        shape = check_white_box(obs, self.name)
+        h = frozen(obs.encoder, self.device)
+        if len(self.tvs) > 1 and self.selected_for is not obs.encoder:  # zeta chosen once per h
+            self.tv, self.selected_for = self.choose_tv(obs, h, shape), obs.encoder
+        return self.solve(h, obs.x_tilde.to(self.device, torch.float32), obs, shape, self.tv)
+
+    @property
+    def report(self) -> dict:
+        return {"zeta": self.tv, "zeta-selection": {f"{k:g}": v for k, v in self.selection.items()}}
 
 
 # ---------------------------------------------------------------------------------- learned decoder

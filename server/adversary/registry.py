@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsmix.config import Settings
+from fedsmix.seeding import generator
 
 from .base import Attack
 
@@ -75,11 +76,23 @@ def _gradient(settings: Settings, gradient_steps: int = 1000, gradient_restarts:
     return InvertingGradients(gradient_steps, gradient_restarts, tv=gradient_tv, seed=settings.seed)
 
 
-def _inversion(settings: Settings, device: str = "cpu", inversion_steps: int = 500, inversion_lr: float = 1.0,
-               inversion_tv: float = 1e-5, **_) -> Attack:
+INVERSION_TVS = (1e-5, 1e-3, 1e-2, 3e-2, 1e-1)  # zeta grid the white-box attacker picks from on public probes
+
+
+def _inversion(settings: Settings, public: torch.Tensor | None = None, device: str = "cpu",
+               inversion_steps: int = 500, inversion_lr: float = 1.0, inversion_tv=INVERSION_TVS,
+               inversion_probe: int = 16, **_) -> Attack:
+    """White-box inversion; with public images (in h's input space) zeta is chosen on `inversion_probe` of
+    them among `inversion_tv`, else the grid's first value (the paper's 1e-5) is used."""
     from .inversion import ModelInversion
 
-    return ModelInversion(steps=inversion_steps, lr=inversion_lr, tv=inversion_tv, device=device)
+    tvs = tuple(inversion_tv) if isinstance(inversion_tv, tuple | list) else (float(inversion_tv),)
+    probe = None
+    if len(tvs) > 1 and public is not None and public.dim() == 4:
+        pick = torch.randperm(len(public), generator=generator(settings.seed, "inversion", "probe"))[:inversion_probe]
+        probe = public[pick]
+    return ModelInversion(steps=inversion_steps, lr=inversion_lr, tv=tvs if probe is not None else tvs[0],
+                          device=device, probe=probe)
 
 
 def _inversion_decoder(settings: Settings, public: torch.Tensor, device: str = "cpu", decoder_epochs: int = 50,
