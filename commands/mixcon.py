@@ -91,7 +91,7 @@ def benchmark(dataset: str, args, device: str, out: Path, log=print) -> dict:
     from server.adversary.cases import representation_case
     from server.adversary.figures import recovery_grid, unit_images
     from server.adversary.inversion import ModelInversion
-    from server.adversary.registry import build_attacks
+    from server.adversary.registry import INVERSION_TVS, build_attacks
 
     settings = load_settings({"dataset": dataset, "seed": args.seed, "data-dir": args.data_dir,
                               "public-size": args.public_size})
@@ -111,15 +111,26 @@ def benchmark(dataset: str, args, device: str, out: Path, log=print) -> dict:
               "batch-size": args.batch_size, "lr": args.lr, "momentum": args.momentum, "eps": args.eps,
               "attacks": args.attacks, "public-size": len(public), "seed": args.seed, "device": device, "settings": []}
     panels = {"original": unit_images(xt[: args.figure], to_unit)}
+    record = out / f"{dataset}-mixcon.json"
+    previous = json.loads(record.read_text())["settings"] if args.reuse and record.is_file() else []
     for lam, beta in args.pairs:
         t0 = time.perf_counter()
-        model, report = train_split(x, labels, spec.num_classes, lam, beta, args, device,
-                                    lambda: lenet5(spec.sample_shape, spec.num_classes), ("mixcon", dataset, lam, beta))
+        saved = out / f"{dataset}-lenet5-l{lam:g}-b{beta:g}.pt"
+        trained = any(e["lambda"] == lam and e["beta"] == beta for e in previous)
+        if args.reuse and saved.is_file() and trained:  # the model a previous run of this command saved here
+            model = lenet5(spec.sample_shape, spec.num_classes)
+            model.load_state_dict(torch.load(saved, map_location="cpu", weights_only=True))
+            report = next(argparse.Namespace(seconds=e["train-seconds"], losses=e["train-loss"])
+                          for e in previous if e["lambda"] == lam and e["beta"] == beta)
+        else:
+            model, report = train_split(x, labels, spec.num_classes, lam, beta, args, device,
+                                        lambda: lenet5(spec.sample_shape, spec.num_classes),
+                                        ("mixcon", dataset, lam, beta))
         accuracy = evaluate(model, xt, lt)["accuracy"]
         h = model.encoder.eval()
         z = represent(h, xt)
         sep = separability(z, lt, generator(args.seed, "separability", dataset))
-        torch.save(model.state_dict(), out / f"{dataset}-lenet5-l{lam:g}-b{beta:g}.pt")
+        torch.save(model.state_dict(), saved)
         log(f"[{dataset}] {label(lam, beta)}: test accuracy {100 * accuracy:.2f} % ({report.seconds:.0f} s), "
             f"mean dist {sep['separability-mean']:.4g}")
         part = Partition(0, xt[:victims], lt[:victims], spec.num_classes, spec, np.arange(victims), "test")
@@ -152,6 +163,13 @@ def benchmark(dataset: str, args, device: str, out: Path, log=print) -> dict:
                 f"{e['gain']['ssim']:+.3f} ({outcome.seconds[name]:.0f} s)")
         if "inversion-decoder" in attacks and attacks["inversion-decoder"].report:
             entry["decoder-training"] = attacks["inversion-decoder"].report
+        if args.zeta_sweep:  # sensitivity: the white-box attack at every zeta, scored on the victims themselves
+            sweep = {f"{tv:g}": ModelInversion(lr=args.inversion_lr, tv=tv, device=device) for tv in INVERSION_TVS}
+            swept = attack_cases([case], sweep, prior, to_unit, device)
+            entry["zeta-sweep"] = {tv: {"ssim": e["score"]["ssim_mean"], "ssim-std": e["score"]["ssim_std"],
+                                        "psnr": e["score"]["psnr_mean"]} for tv, e in swept.summary["attacks"].items()}
+            log(f"[{dataset}]   SSIM per zeta: " + ", ".join(f"{tv}: {v['ssim']:.3f}"
+                                                          for tv, v in entry["zeta-sweep"].items()))
         if "inversion" in attacks:
             entry["inversion-zeta"] = attacks["inversion"].report
             log(f"[{dataset}]   inversion's zeta chosen on public probes: {attacks['inversion'].tv:g} "
@@ -171,8 +189,15 @@ def benchmark(dataset: str, args, device: str, out: Path, log=print) -> dict:
               f"inversion-paper); decoder {args.decoder_epochs} epochs on {len(public)} public Tiny-ImageNet "
               f"images (grey, 28 px). Trivial guess: the public mean image (SSIM "
               f"{result['settings'][0]['trivial']['ssim_mean']:.3f}). Threat model: white box (h's weights known).")
-    (out / f"{dataset}-mixcon.md").write_text(f"## {dataset}: MixCon against model inversion\n\n{budget}\n\n"
-                                              + markdown(rows_md, columns))
+    text = f"## {dataset}: MixCon against model inversion\n\n{budget}\n\n" + markdown(rows_md, columns)
+    if any("zeta-sweep" in e for e in result["settings"]):
+        grid = [f"{tv:g}" for tv in INVERSION_TVS]
+        text += ("\nWhite-box inversion at each TV weight zeta (SSIM on the same victims: choosing zeta this way "
+                 "uses the ground truth, an oracle; `inversion` above chooses on public images):\n\n"
+                 + markdown([{"setting": e["label"], **{tv: f"{e['zeta-sweep'][tv]['ssim']:.3f}" for tv in grid}}
+                             for e in result["settings"] if "zeta-sweep" in e],
+                            [("setting", "setting")] + [(tv, f"zeta {tv}") for tv in grid]))
+    (out / f"{dataset}-mixcon.md").write_text(text)
     write_csv(out / f"{dataset}-mixcon.csv", rows_csv)
     columns_fig = [f"victim {i}" for i in range(min(args.figure, victims))]
     recovery_grid(out / f"{dataset}-mixcon.png", columns_fig, {k: v[: len(columns_fig)] for k, v in panels.items()},
@@ -359,6 +384,8 @@ def register(subparsers) -> None:
     p.add_argument("--decoder-epochs", type=int, default=50)
     p.add_argument("--public-size", type=int, default=0, help="public images for the decoder (0: all 8,000)")
     p.add_argument("--figure", type=int, default=8, help="victims shown in the figure")
+    p.add_argument("--zeta-sweep", action="store_true", help="also invert at every TV weight of the grid (oracle)")
+    p.add_argument("--reuse", action="store_true", help="reuse the models a previous run saved in --out")
     p.add_argument("--synthetic", action="store_true", help="run the synthetic experiment (with --dataset: both)")
     p.add_argument("--synthetic-epochs", type=int, default=20)
     p.add_argument("--synthetic-batch-size", type=int, default=32)

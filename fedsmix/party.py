@@ -131,6 +131,8 @@ def separability(z: torch.Tensor, labels: torch.Tensor, generator: torch.Generat
     i = torch.randint(0, n, (pairs,), generator=generator)
     j = torch.randint(0, n, (pairs,), generator=generator)
     keep = labels[i] != labels[j]
+    if not bool(keep.any()):
+        return {"separability-mean": float("nan"), "separability-min": float("nan")}
     dist = (unit[i[keep]] - unit[j[keep]]).pow(2).sum(dim=1)
     return {"separability-mean": float(dist.mean()), "separability-min": float(dist.min())}
 

@@ -12,9 +12,11 @@ MNIST in its scale); here the attacker does the same without private data: given
 public probe images, it inverts h(probe) at each and keeps the zeta whose reconstructions of the probe
 score best (`choose_tv`), once per h.
 Appendix C.1's synthetic variant uses ||h(s) - z||_1 without TV at lr 0.01 (`norm="l1"`). Every victim
-is solved on its own (the batch objective is a sum of per-victim terms). It starts from the attacker's
-data-free guess (the public mean sample) and, unless `box=False`, projects onto the valid pixel range
-after each step, as the project's other attacks do; the paper's optimisation is unconstrained.
+is solved on its own (the batch objective is a sum of per-victim terms), from two data-free starts
+(zero in the normalised space, i.e. the data's mean value, and the public mean sample; the paper does not
+say where it starts), keeping per victim the end point with the lower objective; unless `box=False` it
+projects onto the valid pixel range after each step, as the project's other attacks do (the paper's
+optimisation is unconstrained).
 
 `DecoderInversion` is the learned variant of MixCon's appendix D.2: a generator G maps codes back to
 images, trained on the attacker's public images x_p and their codes h(x_p) with
@@ -68,12 +70,15 @@ def check_white_box(obs: Observation, attack: str) -> tuple[int, ...]:
     return tuple(obs.input_shape)
 
 
-def start_point(obs: Observation, shape: tuple[int, ...], device) -> torch.Tensor:
-    """The attacker's data-free guess (public mean sample) when the case carries one, else zeros."""
+def start_points(obs: Observation, shape: tuple[int, ...], device) -> list[torch.Tensor]:
+    """Data-free starting images: zero in the normalised space (the private data's mean value per channel,
+    which the normalisation constants of the pipeline give away) and, when the case carries one, the
+    public mean sample."""
+    starts = [torch.zeros(shape, device=device)]
     prior = obs.extras.get("prior_mean")
     if prior is not None and tuple(prior.shape) == tuple(shape):
-        return prior.to(device, torch.float32)
-    return torch.zeros(shape, device=device)
+        starts.append(prior.to(device, torch.float32))
+    return starts
 
 
 class ModelInversion(Attack):
@@ -82,7 +87,8 @@ class ModelInversion(Attack):
 
     def __init__(self, steps: int = 500, lr: float = 1.0, weight_decay: float = 1e-4,
                  tv: float | tuple[float, ...] = 1e-5, norm: str = "l2", box: bool = True, cosine: bool = True,
-                 batch_size: int = 128, device: str = "cpu", probe: torch.Tensor | None = None):
+                 batch_size: int = 128, device: str = "cpu", probe: torch.Tensor | None = None,
+                 restarts: bool = True):
         if norm not in ("l1", "l2"):
             raise ValueError(f"inversion: norm must be 'l1' or 'l2', got {norm!r}")
         self.tvs = tuple(tv) if isinstance(tv, tuple | list) else (float(tv),)
@@ -90,8 +96,9 @@ class ModelInversion(Attack):
             raise ValueError("inversion: choosing zeta among several values needs public probe images (probe=...)")
         self.steps, self.lr, self.weight_decay, self.tv = steps, lr, weight_decay, self.tvs[0]
         self.norm, self.box, self.cosine, self.batch_size, self.device = norm, box, cosine, batch_size, device
-        self.probe = probe
+        self.probe, self.restarts = probe, restarts
         self.last_losses: list[float] = []
+        self.start_wins: list[int] = []  # victims whose best end point came from each start
         self.selection: dict = {}  # zeta -> the probe's mean SSIM, for the h it was chosen for
         self.selected_for: nn.Module | None = None
 
@@ -124,28 +131,44 @@ class ModelInversion(Attack):
 
     def solve(self, h: nn.Module, z_all: torch.Tensor, obs: Observation, shape: tuple[int, ...],
               tv: float) -> torch.Tensor:
+        """One descent from every start point; per victim the end point with the lowest objective wins
+        (the objective is what the attacker observes: no ground truth)."""
         device = self.device
-        start = start_point(obs, shape, device)
-        lo, hi = (_bound(b, start.unsqueeze(0)) for b in (obs.lo, obs.hi)) if self.box else (None, None)
-        out, self.last_losses = [], []
+        starts = start_points(obs, shape, device) if self.restarts else start_points(obs, shape, device)[-1:]
+        lo, hi = (_bound(b, starts[0].unsqueeze(0)) for b in (obs.lo, obs.hi)) if self.box else (None, None)
+        out, self.last_losses, self.start_wins = [], [], [0] * len(starts)
         for first in range(0, len(z_all), self.batch_size):
             z = z_all[first : first + self.batch_size]
-            s = start.unsqueeze(0).repeat(len(z), *([1] * len(shape))).requires_grad_(True)
-            optimizer = torch.optim.SGD([s], lr=self.lr, weight_decay=self.weight_decay)
-            schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, self.steps) if self.cosine else None
-            for _ in range(self.steps):
-                optimizer.zero_grad(set_to_none=True)
-                self.objective(h, s, z, tv).sum().backward()
-                optimizer.step()
-                if schedule is not None:
-                    schedule.step()
-                if lo is not None or hi is not None:
-                    with torch.no_grad():
-                        s.clamp_(lo, hi)
-            with torch.no_grad():
-                self.last_losses += self.objective(h, s, z, tv).tolist()
-            out.append(s.detach())
+            best, best_loss, winner = None, None, None
+            for k, start in enumerate(starts):
+                s = self.descend(h, z, start.unsqueeze(0).repeat(len(z), *([1] * len(shape))), tv, lo, hi)
+                with torch.no_grad():
+                    loss = self.objective(h, s, z, tv)
+                if best is None:
+                    best, best_loss, winner = s, loss, torch.zeros(len(z), dtype=torch.long)
+                else:
+                    better = loss < best_loss
+                    best[better], best_loss[better], winner[better.cpu()] = s[better], loss[better], k
+            for k in range(len(starts)):
+                self.start_wins[k] += int((winner == k).sum())
+            self.last_losses += best_loss.tolist()
+            out.append(best)
         return torch.cat(out) if out else torch.empty(0, *shape)
+
+    def descend(self, h: nn.Module, z: torch.Tensor, s: torch.Tensor, tv: float, lo, hi) -> torch.Tensor:
+        s = s.clone().requires_grad_(True)
+        optimizer = torch.optim.SGD([s], lr=self.lr, weight_decay=self.weight_decay)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, self.steps) if self.cosine else None
+        for _ in range(self.steps):
+            optimizer.zero_grad(set_to_none=True)
+            self.objective(h, s, z, tv).sum().backward()
+            optimizer.step()
+            if schedule is not None:
+                schedule.step()
+            if lo is not None or hi is not None:
+                with torch.no_grad():
+                    s.clamp_(lo, hi)
+        return s.detach()
 
     def reconstruct(self, observation: Observation) -> torch.Tensor:
         obs = observation
@@ -157,7 +180,8 @@ class ModelInversion(Attack):
 
     @property
     def report(self) -> dict:
-        return {"zeta": self.tv, "zeta-selection": {f"{k:g}": v for k, v in self.selection.items()}}
+        return {"zeta": self.tv, "zeta-selection": {f"{k:g}": v for k, v in self.selection.items()},
+                "start-wins": dict(zip(("zero", "public-mean"), self.start_wins))}
 
 
 # ---------------------------------------------------------------------------------- learned decoder
