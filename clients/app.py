@@ -75,7 +75,9 @@ def encode(msg: Message, context: Context) -> Message:
     stored = str(msg.content["config"].get("stored-parties", ""))
     if str(party) in stored.split(","):  # a resumed run holds this party's upload already
         return _reply(msg, {"party": party, "stored": 1})
-    upload = prepare_upload(settings, party, num_parties)
+    shipped = msg.content.get("arrays")  # encoder=mixcon: the cut-layer weights h the server trained
+    encoder_state = shipped.to_torch_state_dict() if isinstance(shipped, ArrayRecord) else None
+    upload = prepare_upload(settings, party, num_parties, encoder_state=encoder_state)
     arrays = ArrayRecord({key: Array(value) for key, value in upload.arrays.items()})
     return _reply(msg, upload.metrics, upload=arrays)
 

@@ -1,4 +1,4 @@
-"""Command line: `python -m fedsmix run|show|features|grid|attack|frontier` (see README)."""
+"""Command line: `python -m fedsmix run|show|features|grid|attack|frontier|mixcon|invert` (see README)."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def cmd_features(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import attack, grid
+    from . import attack, grid, invert, mixcon
     from .frontier import command as frontier
 
     parser = argparse.ArgumentParser(prog="fedsmix", description=__doc__)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     feats.add_argument("--preset", default="")
     feats.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     feats.set_defaults(func=cmd_features)
-    for module in (grid, attack, frontier):
+    for module in (grid, attack, frontier, mixcon, invert):
         module.register(sub)
     args = parser.parse_args(argv)
     try:

@@ -30,12 +30,12 @@ from fedsmix.central import (
 )
 from fedsmix.config import Settings, dump_settings
 from fedsmix.device import select_device
-from fedsmix.models import new_classifier
+from fedsmix.models import new_classifier, represent
 from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
 from fedsmix.progress import FILE as PROGRESS_FILE
 from fedsmix.progress import SILENT, Progress
 from fedsmix.runs import atomic_write_json, new_run_dir
-from fedsmix.space import load_test, load_train_all, mixing_shape
+from fedsmix.space import load_test, load_train_all, mixing_shape, upload_shape
 from fedsmix.training import state_digest
 from server.plausibility import examine, quarantine
 
@@ -68,8 +68,16 @@ def epoch_reporter(settings: Settings, progress: Progress, test, device: str, cu
 def mixup_union(settings: Settings, num_parties: int, test, device: str, progress: Progress = SILENT) -> dict:
     t0 = time.perf_counter()
     xs, ys, parties, partitions, evidence = {}, {}, {}, {}, []
+    encoder_state, phase, rounds_bytes = None, {}, 0
+    if settings.encoder == "mixcon":  # FedAvg rounds of the split model with the MixCon term, then h ships
+        model, curve = fedavg_rounds(settings, num_parties, test, device, 0.0, settings.mixcon_rounds, progress)
+        encoder_state = model.encoder.state_dict()
+        phase = {"mixcon-phase": {"accuracy": curve[-1]["accuracy"], "rounds": settings.mixcon_rounds, "curve": curve},
+                 "encoder": "mixcon"}
+        test = (represent(model.encoder, test[0], device), test[1])
+        rounds_bytes = _nbytes(model.state_dict()) * settings.mixcon_rounds
     for party in range(num_parties):
-        upload = prepare_upload(settings, party, num_parties)
+        upload = prepare_upload(settings, party, num_parties, encoder_state=encoder_state)
         xs[party], ys[party] = upload.arrays["x"], upload.arrays["y"]
         parties[party] = {**upload.metrics, "upload-bytes": upload.nbytes}
         partitions[party] = upload.partition
@@ -92,7 +100,7 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
     x, y = np.concatenate([xs[p] for p in used]), np.concatenate([ys[p] for p in used])
     rows = np.repeat(np.array(used), [len(ys[p]) for p in used])
     del xs, ys
-    shape, num_classes = mixing_shape(settings), datalib.dataset_spec(settings).num_classes
+    shape, num_classes = upload_shape(settings), datalib.dataset_spec(settings).num_classes
     union = Union(x, y, rows, *union_statistics(list(parties.values()), math.prod(shape), settings.encoder))
 
     def score(models, held):  # each party scores the candidates on its own clean samples, as the ClientApp does
@@ -114,7 +122,7 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
         "upload-seconds": t_upload, "train-seconds": selection.report.get("seconds"),
         "epochs": selection.report.get("epochs", 0), "weights-sha256": state_digest(selection.model),
     }
-    if settings.return_model:
+    if settings.return_model and encoder_state is None:  # mixcon: the head reads h(x), has no BatchNorm
         state = {k: v.detach().cpu() for k, v in selection.model.state_dict().items()}
         accuracy = {
             p: test_accuracy(personalize(settings, part, selection.chosen, state, device), test, device)["accuracy"]
@@ -124,8 +132,10 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
         progress.emit("returned", parties=len(accuracy), mean=result["returned"]["mean"])
     if curve:
         result["curve"] = curve
-    return {**result, "wall-seconds": time.perf_counter() - t0, "mean-bytes-up-per-party": sum(up) / len(up),
-            "mean-bytes-down-per-party": 0, "bytes": PAYLOAD}
+    # mixcon: the FedAvg rounds that trained h count both ways, and h itself travels down once
+    down = rounds_bytes + (_nbytes(encoder_state) if encoder_state is not None else 0)
+    return {**result, "wall-seconds": time.perf_counter() - t0, "mean-bytes-up-per-party": sum(up) / len(up)
+            + rounds_bytes, "mean-bytes-down-per-party": down, "bytes": PAYLOAD, **phase}
 
 
 def local_only(settings: Settings, num_parties: int, test, device: str, progress: Progress = SILENT) -> dict:
@@ -160,21 +170,20 @@ def local_only(settings: Settings, num_parties: int, test, device: str, progress
     }
 
 
-def federated(
-    settings: Settings, num_parties: int, test, device: str, mode: str, progress: Progress = SILENT
-) -> dict:
-    """FedAvg (mu = 0) / FedProx rounds; every party trains each round (fraction-train is not sampled here)."""
+def fedavg_rounds(settings: Settings, num_parties: int, test, device: str, mu: float, rounds: int,
+                  progress: Progress = SILENT) -> tuple[torch.nn.Module, list[dict]]:
+    """`rounds` FedAvg/FedProx rounds from the run's initial model; every party trains each round
+    (fraction-train is not sampled here): the final model and its test curve."""
     if settings.fraction_train < 1:
         raise ValueError("fraction-train < 1 needs Flower's sampling: use --engine simulate or flwr")
     if settings.dp_fedavg != "off":
         raise ValueError("dp-fedavg runs through Flower's DP wrappers and accountant: use --engine simulate or flwr")
     t0 = time.perf_counter()
-    mu = settings.proximal_mu if mode == "fedprox" else 0.0
     model = _initial(settings)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     curve = [{"round": 0, "accuracy": test_accuracy(model, test, device)["accuracy"], "seconds": 0.0}]
-    progress.emit("round", round=0, rounds=settings.rounds, accuracy=curve[0]["accuracy"], elapsed=0.0)
-    for server_round in range(1, settings.rounds + 1):
+    progress.emit("round", round=0, rounds=rounds, accuracy=curve[0]["accuracy"], elapsed=0.0)
+    for server_round in range(1, rounds + 1):
         replies = []
         for party in range(num_parties):
             result = train_local(
@@ -192,10 +201,20 @@ def federated(
         accuracy = test_accuracy(model, test, device)["accuracy"]
         elapsed = time.perf_counter() - t0
         curve.append({"round": server_round, "accuracy": accuracy, "seconds": elapsed})
-        progress.emit("round", round=server_round, rounds=settings.rounds, answered=len(replies), sampled=num_parties,
+        progress.emit("round", round=server_round, rounds=rounds, answered=len(replies), sampled=num_parties,
                       accuracy=accuracy, elapsed=round(elapsed, 3),
-                      eta=round(elapsed / server_round * (settings.rounds - server_round), 3))
-    per_round = _nbytes(state)
+                      eta=round(elapsed / server_round * (rounds - server_round), 3))
+    return model, curve
+
+
+def federated(
+    settings: Settings, num_parties: int, test, device: str, mode: str, progress: Progress = SILENT
+) -> dict:
+    """FedAvg (mu = 0) / FedProx rounds (`fedavg_rounds`) and their report."""
+    t0 = time.perf_counter()
+    mu = settings.proximal_mu if mode == "fedprox" else 0.0
+    model, curve = fedavg_rounds(settings, num_parties, test, device, mu, settings.rounds, progress)
+    per_round = _nbytes(model.state_dict())
     return {
         "accuracy": curve[-1]["accuracy"],
         "proximal-mu": mu,

@@ -400,6 +400,8 @@ def party_summary(accuracy: dict[int, float]) -> dict:
 
 def candidate_names(settings: Settings, public: bool = True) -> list[str]:
     """The candidates of the `trainer` family; without a public pool, none that needs one."""
+    if settings.encoder == "mixcon":  # noise-free representations: LeNet-5's own head, nothing to choose
+        return ["mlp"]
     names = []
     for family in FAMILIES[settings.trainer]:
         if family in PUBLIC and not public:

@@ -19,10 +19,11 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 STRATEGIES = ("mixup-union", "local-only", "fedavg", "fedprox", "centralized")
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-imagenet")
-ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none")
+ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none", "mixcon")
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
 TRAINERS = ("auto", "mlp", "mlp-recal", "ridge", "ridge-eiv", "lda", "lda-public")
-ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient", "gradient-realistic")
+ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient", "gradient-realistic", "inversion",
+           "inversion-decoder")
 # fault injection (fedsmix/faults.py): a party raises or stalls, the server's central training is
 # interrupted after an epoch, a party sends one kind of malformed upload (the server's validation
 # rejects it), or a well-formed but dishonest one (issue 21: what plausibility checks, robust training
@@ -122,8 +123,15 @@ class Settings(BaseModel):
     private_mass_min: float = Field(0.3, ge=0, le=1)
     encodings_per_sample: int = Field(1, ge=1)
     upload_dtype: Literal["float32", "float16"] = "float32"
+    # issue 15: MixCon (encoder=mixcon): parties upload the cut-layer representations h(x) of a split
+    # LeNet-5 trained by FedAvg with L = L_CE + mixcon-lambda * L_mixcon (docs/mixcon.md)
+    mixcon_lambda: float = Field(1.0, ge=0, description="weight of the MixCon term; 0 = the vanilla split model")
+    mixcon_beta: float = Field(1e-4, ge=0, description="separability term beta / dist of L_mixcon")
+    mixcon_eps: float = Field(1e-6, gt=0, lt=1, description="pair distances clamped to [eps, 1/eps]")
+    mixcon_pairs: int = Field(0, ge=0, description="pairs per class pair and batch; 0 = p, the smallest class count")
+    mixcon_rounds: int = Field(5, ge=1, description="FedAvg rounds that train the split model before the upload")
     # central / local training
-    model: Literal["auto", "mlp", "cnn"] = "auto"
+    model: Literal["auto", "mlp", "cnn", "lenet5"] = "auto"
     epochs: int = Field(30, ge=1)
     batch_size: int = Field(128, ge=1)
     lr: float = Field(1e-3, gt=0)
@@ -332,6 +340,16 @@ class Settings(BaseModel):
         if self.dp_fedavg != "off" and self.model_norm != "group":
             raise ValueError("dp-fedavg needs model-norm 'group': BatchNorm's running statistics (and its integer "
                              "batch counter) would be clipped and noised as if they were weights")
+        if self.encoder == "mixcon":
+            if self.backbone != "none":
+                raise ValueError(f"encoder 'mixcon' trains its own cut layer on pixels; set backbone 'none', "
+                                 f"not {self.backbone!r}")
+            if self.model not in ("auto", "lenet5"):
+                raise ValueError(f"model: encoder 'mixcon' splits LeNet-5 at its cut layer; use 'lenet5' or 'auto', "
+                                 f"not {self.model!r}")
+            if self.trainer not in ("auto", "mlp"):
+                raise ValueError(f"trainer: encoder 'mixcon' trains LeNet-5's head on the representations ('auto' "
+                                 f"or 'mlp'), not {self.trainer!r}")
         if self.encoder == "instahide-cross":
             if self.mix_k < 3:
                 raise ValueError(

@@ -1,4 +1,5 @@
-"""Datasets: a registry, loaders (npz data dir first, torchvision second) and normalisation.
+"""Datasets: a registry, loaders (npz data dir first, torchvision second, then raw idx files a system
+package installed, e.g. Debian's dataset-fashion-mnist, read by torchvision's reader) and normalisation.
 
 Images stay uint8 (or the bundle's native range) until a party converts its own
 partition: thirty simulated parties must not each hold a float copy of CIFAR-10.
@@ -7,6 +8,7 @@ partition: thirty simulated parties must not each hold a float copy of CIFAR-10.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -30,6 +32,7 @@ class DatasetSpec:
     npz: str  # file name inside the data dir
     pixel_scale: float = 255.0  # raw value of a white pixel
     torchvision: str | None = None  # torchvision.datasets class for online users
+    idx_dirs: tuple[str, ...] = ()  # system folders holding the raw idx files (gzipped), e.g. a Debian package
 
     @property
     def sample_shape(self) -> tuple[int, int, int]:
@@ -41,7 +44,8 @@ REGISTRY: dict[str, DatasetSpec] = {
     "digits": DatasetSpec("digits", 10, 1, 8, (0.3053,), (0.3760,), "", pixel_scale=16.0),
     "mnist": DatasetSpec("mnist", 10, 1, 28, (0.1307,), (0.3081,), "mnist.npz", torchvision="MNIST"),
     "fashion-mnist": DatasetSpec(
-        "fashion-mnist", 10, 1, 28, (0.2860,), (0.3530,), "fashion-mnist.npz", torchvision="FashionMNIST"
+        "fashion-mnist", 10, 1, 28, (0.2860,), (0.3530,), "fashion-mnist.npz", torchvision="FashionMNIST",
+        idx_dirs=("/usr/share/datasets/fashion-mnist",),  # Debian's dataset-fashion-mnist
     ),
     "cifar10": DatasetSpec(
         "cifar10", 10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "cifar10.npz", torchvision="CIFAR10"
@@ -144,6 +148,43 @@ def _load_npz(path: Path, ds: DatasetSpec, split: str) -> tuple[np.ndarray, np.n
     raise DatasetUnavailable(f"{path}: expected arrays x_{split}/y_{split} (or x/y)")
 
 
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def idx_cache_root() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "fedsmix" / "idx"
+
+
+def _idx_root(ds: DatasetSpec) -> Path | None:
+    """A torchvision root (<root>/<Class>/raw/<idx files>) made from a system folder of gzipped idx files.
+
+    torchvision's reader wants the files uncompressed in its raw layout; they are decompressed once,
+    with torchvision's own `extract_archive`, into ~/.cache/fedsmix/idx (the system folder stays read-only).
+    """
+    from filelock import FileLock
+    from torchvision.datasets.utils import extract_archive
+
+    for folder in map(Path, ds.idx_dirs):
+        if not all((folder / f"{name}.gz").is_file() or (folder / name).is_file() for name in IDX_FILES):
+            continue
+        root = idx_cache_root()
+        raw = root / ds.torchvision / "raw"
+        raw.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(raw / ".lock")):  # one process decompresses; the others wait, then read
+            for name in IDX_FILES:
+                if (raw / name).is_file():
+                    continue
+                if (folder / name).is_file():
+                    (raw / name).symlink_to(folder / name)
+                    continue
+                with tempfile.TemporaryDirectory(dir=raw) as tmp:  # a crash leaves no half-written file
+                    extract_archive(str(folder / f"{name}.gz"), tmp)
+                    os.replace(Path(tmp) / name, raw / name)
+        return root
+    return None
+
+
 def _load_torchvision(ds: DatasetSpec, split: str, root: Path, download: bool) -> tuple[np.ndarray, np.ndarray]:
     import torchvision
 
@@ -176,6 +217,12 @@ def load_split(name: str, split: str, data_dir: str = "", download: bool = False
             return RawSplit(_to_nchw(images, ds.channels), labels, ds)
         except (RuntimeError, OSError) as err:
             tried.append(f"torchvision {ds.torchvision}(root={root}, download={download}): {err}")
+    if ds.idx_dirs:  # raw idx files a system package installed (torchvision's raw layout, its reader)
+        idx_root = _idx_root(ds)
+        if idx_root is not None:
+            images, labels = _load_torchvision(ds, split, idx_root, False)
+            return RawSplit(_to_nchw(images, ds.channels), labels, ds)
+        tried.append(f"idx files in {', '.join(ds.idx_dirs)}")
     raise DatasetUnavailable(
         f"dataset {name!r} ({split}) not found. Tried: {'; '.join(tried) or 'no data dir configured'}. "
         f"Put {ds.npz} (arrays x_train, y_train, x_test, y_test; see ../shared/data/README.md) into a "

@@ -212,6 +212,22 @@ class FeatureExtractor:
         return torch.cat(out) if out else torch.empty(0, self.spec.dim)
 
 
+class PixelBackbone(nn.Module):
+    """The parties' feature map as a differentiable function of images in the private data set's pixel
+    normalisation (what model inversion optimises over): denormalise -> the extractor's own preprocessing
+    (grey to RGB, antialiased resize, the backbone's normalisation) -> backbone -> pooled features."""
+
+    def __init__(self, settings: Settings, spec: datalib.DatasetSpec, device: str = "cpu"):
+        super().__init__()
+        self.extractor = FeatureExtractor(settings, device)
+        self.net = self.extractor.net  # registered, so .to() and deepcopy carry it
+        self.spec = spec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        unit = datalib.denormalize(x.float(), self.spec)
+        return self.net(self.extractor.preprocess(unit).contiguous(memory_format=torch.channels_last)).float()
+
+
 @lru_cache(maxsize=4)
 def _extractor(settings_json: str, device: str) -> FeatureExtractor:
     return FeatureExtractor(Settings.from_json(settings_json), device)

@@ -1,6 +1,7 @@
 """The party's work, in one place (the role of `task.py` in Flower's examples).
 
-load_partition -> prepare_upload (calibrate, encode, upload dtype, report) for mixup-union;
+load_partition -> prepare_upload (calibrate, encode, upload dtype, report) for mixup-union (with
+encoder=mixcon the encoding is the cut-layer representation h(x) under the h the server shipped);
 train_local for local-only training and for one FedAvg/FedProx round. The ClientApp handlers,
 the Flower-free engine, the benchmarks, the frontier's replay and the simulation oracle call
 these functions and nothing else, so a replay is bit-for-bit what the party sent.
@@ -31,7 +32,7 @@ from .encoders import (
     fixed_radius,
 )
 from .faults import UPDATE_FAULTS, corrupt, corruption, falsify_update, flip_classes, listed
-from .models import new_classifier
+from .models import new_classifier, represent
 from .partition import partition_indices
 from .seeding import generator
 from .space import load_public_pool, pixel_spec, to_space, train_subset_rows
@@ -130,11 +131,52 @@ def encoder_params(settings: Settings, radius: float) -> EncoderParams:
     )
 
 
+def cut_encoder(settings: Settings, sample_shape: tuple[int, ...], num_classes: int,
+                state: dict[str, torch.Tensor] | None) -> torch.nn.Module:
+    """encoder=mixcon: the split model's h (up to the cut layer), with the weights the server shipped."""
+    if state is None:
+        raise ValueError("encoder 'mixcon': the party needs the cut-layer weights h from the server (encoder_state)")
+    encoder = new_classifier(settings, sample_shape, num_classes).encoder
+    encoder.load_state_dict(state)
+    return encoder.eval()
+
+
+def separability(z: torch.Tensor, labels: torch.Tensor, generator: torch.Generator, pairs: int = 20000) -> dict:
+    """MixCon's dist = ||h_i - h_j||^2 of L2-normalised representations over random pairs of different classes:
+    mean (the separability of Fig. 3) and minimum (delta_h of Definition 3.1, over the sampled pairs)."""
+    n = len(z)
+    if n < 2 or len(labels.unique()) < 2:
+        return {"separability-mean": float("nan"), "separability-min": float("nan")}
+    unit = torch.nn.functional.normalize(z.flatten(1).double(), dim=1)
+    i = torch.randint(0, n, (pairs,), generator=generator)
+    j = torch.randint(0, n, (pairs,), generator=generator)
+    keep = labels[i] != labels[j]
+    if not bool(keep.any()):
+        return {"separability-mean": float("nan"), "separability-min": float("nan")}
+    dist = (unit[i[keep]] - unit[j[keep]]).pow(2).sum(dim=1)
+    return {"separability-mean": float(dist.mean()), "separability-min": float(dist.min())}
+
+
+def represent_partition(settings: Settings, part: Partition, encoder_state: dict[str, torch.Tensor] | None,
+                        device: str = "cpu") -> Encoded:
+    """encoder=mixcon: the party's upload is h(x) of its whole partition (flattened), labels one-hot."""
+    encoder = cut_encoder(settings, part.sample_shape, part.num_classes, encoder_state)
+    z = represent(encoder, part.x, device)
+    n = len(z)
+    return Encoded(x=z, y=part.one_hot(), weights=torch.ones(n, 1), sources=torch.arange(n).unsqueeze(1))
+
+
 def encode_partition(
-    settings: Settings, part: Partition, calibration: Calibration | None = None
-) -> tuple[Encoded, Calibration]:
+    settings: Settings, part: Partition, calibration: Calibration | None = None,
+    encoder_state: dict[str, torch.Tensor] | None = None,
+) -> tuple[Encoded, Calibration | None]:
     """Calibrate and encode the whole partition once, from the party's own seed, then screen it
-    (`screen`): the oracle's replay runs this same function, so it reproduces a screened upload too."""
+    (`screen`): the oracle's replay runs this same function, so it reproduces a screened upload too.
+
+    encoder=mixcon has nothing to calibrate: the encoding is h(x) under `encoder_state` (calibration None).
+    """
+    if settings.encoder == "mixcon":
+        return represent_partition(settings, part, encoder_state), None
     calibration = calibration or calibrate_party(settings, part)
     public = load_public_pool(settings, part.spec) if settings.encoder == "instahide-cross" else None
     enc = encode(
@@ -229,41 +271,46 @@ class Upload:
     metrics: dict[str, float | int]
     partition: Partition
     encoded: Encoded
-    calibration: Calibration
+    calibration: Calibration | None  # None for encoder=mixcon
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
 
-def prepare_upload(settings: Settings, party: int, num_parties: int) -> Upload:
+def prepare_upload(settings: Settings, party: int, num_parties: int,
+                   encoder_state: dict[str, torch.Tensor] | None = None) -> Upload:
     """Load the partition, calibrate, encode once, and build the upload and its report.
 
+    encoder=mixcon: the upload is h(x) of the partition under `encoder_state` (the cut-layer weights
+    the server shipped), reported with its separability instead of a calibration.
     A party listed in the run's fault spec (a corruption kind) sends a dishonest copy instead;
     its secrets stay those of the honest encoding.
     """
     t0 = time.perf_counter()
     part = load_partition(settings, party, num_parties)
-    enc, cal = encode_partition(settings, part)
+    enc, cal = encode_partition(settings, part, encoder_state=encoder_state)
     arrays = {"x": upload_inputs(enc.x, settings.upload_dtype), "y": enc.y.numpy().astype(np.float32, copy=False)}
-    metrics = {
-        "party": party,
-        "num-examples": len(enc),
-        "tau": cal.tau,
-        "alpha": cal.alpha,
-        "radius": cal.radius,
-        "m-f": cal.m_f,
-        "D": cal.D,
-        "V": cal.V,
-        "c": cal.c,
-        "snr-bound": cal.snr_bound,
-        "calibration-variance": cal.variance,  # V_eff: V (scalar), d V (directional), d lambda_max (-eig)
-        "snr-empirical": empirical_snr(part.x, enc),
-        "screened-fraction": 1.0 - len(enc) / (len(part.x) * settings.encodings_per_sample),
-        "encode-seconds": time.perf_counter() - t0,
-    }
-    if cal.lambda_max is not None:
-        metrics["lambda-max"] = cal.lambda_max
+    metrics: dict[str, float | int] = {"party": party, "num-examples": len(enc)}
+    if cal is None:  # mixcon: how separable the uploaded representations are
+        metrics.update(separability(enc.x, part.labels, generator(settings.seed, party, "separability")))
+    else:
+        metrics.update({
+            "tau": cal.tau,
+            "alpha": cal.alpha,
+            "radius": cal.radius,
+            "m-f": cal.m_f,
+            "D": cal.D,
+            "V": cal.V,
+            "c": cal.c,
+            "snr-bound": cal.snr_bound,
+            "calibration-variance": cal.variance,  # V_eff: V (scalar), d V (directional), d lambda_max (-eig)
+            "snr-empirical": empirical_snr(part.x, enc),
+            "screened-fraction": 1.0 - len(enc) / (len(part.x) * settings.encodings_per_sample),
+        })
+        if cal.lambda_max is not None:
+            metrics["lambda-max"] = cal.lambda_max
+    metrics["encode-seconds"] = time.perf_counter() - t0
     kind = corruption(settings.fault, party)  # fault injection: a dishonest party
     if kind == "replay":
         arrays, metrics = replayed_upload(settings, party, num_parties)
@@ -356,11 +403,12 @@ def train_local(
     """
     model = new_classifier(settings, part.sample_shape, part.num_classes)
     model.load_state_dict(global_state)
+    split = hasattr(model, "encoder")  # encoder=mixcon's split model: the MixCon term joins the loss
     if mode == "local-only":
-        cfg, purpose, reference = train_config(settings, device), ("local-only", part.party), None
+        cfg, purpose, reference = train_config(settings, device, split=split), ("local-only", part.party), None
     elif mode == "federated":
         cfg = train_config(settings, device, federated_client=True, proximal_mu=proximal_mu,
-                           dp_noise_multiplier=dp_noise_multiplier)
+                           dp_noise_multiplier=dp_noise_multiplier, split=split)
         purpose = ("federated", part.party, server_round)
         reference = [p.detach().clone() for p in model.parameters()]  # the global weights, before training
     else:

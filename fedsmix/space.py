@@ -38,6 +38,16 @@ def mixing_shape(settings: Settings) -> tuple[int, ...]:
     return (feature_dim(settings),)
 
 
+def upload_shape(settings: Settings) -> tuple[int, ...]:
+    """Shape of one uploaded sample: the mixing space's, or for encoder=mixcon the cut-layer representation's."""
+    shape = mixing_shape(settings)
+    if settings.encoder == "mixcon":
+        from .models import cut_shape
+
+        return cut_shape(settings, shape)
+    return shape
+
+
 def train_subset_rows(settings: Settings, n: int) -> np.ndarray | None:
     """The fixed random subset of the training split that `train-subset` keeps (None: all of it)."""
     if settings.train_subset and settings.train_subset < n:

@@ -1,4 +1,4 @@
-"""One training loop for every role: central (soft labels), local, and proximal (FedProx).
+"""One training loop for every role: central (soft labels), local, proximal (FedProx), MixCon (split models).
 
 Inputs may be tensors or numpy arrays (memory-mapped uploads); batches are copied to the
 device one at a time. Checkpoints capture model, optimiser, schedule and every RNG, so a
@@ -38,6 +38,7 @@ class TrainConfig:
     cosine: bool = True
     proximal_mu: float = 0.0
     device: str = "cpu"
+    momentum: float = 0.9  # SGD only
     # defences of a federated party's local training (issue 16)
     batch_mix: str = "none"  # none | mixup | instahide: every local batch mixed with partners from the whole set
     batch_mix_k: int = 4
@@ -48,6 +49,19 @@ class TrainConfig:
     dp_epochs: int = 1  # epochs the DP-SGD budget covers (rounds x local epochs: every round spends its share)
     dp_noise_multiplier: float | None = None  # a replay of one step: the party's own sigma instead of solving
     trim: float = 0.0  # robust loss (issue 21): drop this fraction of each batch's largest per-sample losses
+    # MixCon (issue 15): lambda * L_mixcon on the cut-layer output of a SplitModel; 0 = off
+    mixcon_lambda: float = 0.0
+    mixcon_beta: float = 0.0
+    mixcon_eps: float = 1e-6
+    mixcon_pairs: int = 0
+    mixcon_normalize: bool = True  # dist on L2-normalised h (footnote 3); False: raw h (the synthetic figure)
+    clip_grad_norm: float = 0.0  # > 0: clip the gradient's global norm (beta/dist can spike; docs/mixcon.md)
+
+
+def mixcon_config(settings: Settings) -> dict:
+    """The MixCon terms of a run (encoder=mixcon), as TrainConfig fields."""
+    return {"mixcon_lambda": settings.mixcon_lambda, "mixcon_beta": settings.mixcon_beta,
+            "mixcon_eps": settings.mixcon_eps, "mixcon_pairs": settings.mixcon_pairs}
 
 
 def train_config(
@@ -57,10 +71,15 @@ def train_config(
     federated_client: bool = False,
     proximal_mu: float = 0.0,
     dp_noise_multiplier: float | None = None,
+    split: bool = False,
 ) -> TrainConfig:
     """Central and local-only training follow appendix E (AdamW, cosine); FedAvg/FedProx
     clients run `local-epochs` of SGD with momentum per round, as in the FedProx paper, with the
-    run's defences."""
+    run's defences.
+
+    `split`: the model trained is encoder=mixcon's split model, so the MixCon term joins the loss.
+    """
+    mixcon = mixcon_config(settings) if split and settings.encoder == "mixcon" else {}
     if federated_client:
         return TrainConfig(
             epochs=settings.local_epochs,
@@ -79,8 +98,10 @@ def train_config(
             dp_max_grad_norm=settings.dp_sgd_max_grad_norm,
             dp_epochs=settings.rounds * settings.local_epochs,
             dp_noise_multiplier=dp_noise_multiplier,
+            **mixcon,
         )
-    return TrainConfig(settings.epochs, settings.batch_size, settings.lr, settings.weight_decay, device=device)
+    return TrainConfig(settings.epochs, settings.batch_size, settings.lr, settings.weight_decay, device=device,
+                       **mixcon)
 
 
 @dataclass
@@ -227,6 +248,62 @@ def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tens
     return sum(((p - r) ** 2).sum() for p, r in zip((p for p in model.parameters() if p.requires_grad), reference))
 
 
+def mixcon_loss(z: torch.Tensor, labels: torch.Tensor, beta: float, eps: float = 1e-6, pairs: int = 0,
+                normalize: bool = True) -> torch.Tensor:
+    """MixCon's consistency loss (eq. 1) on one batch of cut-layer representations z.
+
+    L = 1/p 1/(|C|(|C|-1)) sum_i sum_{c1 != c2} (dist + beta / dist), dist = ||h(x_i,c1) - h(x_i,c2)||^2
+    on L2-normalised representations (footnote 3; `normalize=False`: on h itself), clamped to [eps, 1/eps];
+    x_i,c is the i-th sample of class c in the batch and p the smallest class count among the classes
+    present (class-balanced pairing: the i-th sample of every class meets the i-th of every other;
+    `pairs` > 0 caps p). Fewer than two classes in the batch: no pair, the term is 0.
+    """
+    z = z.flatten(1).float()
+    if normalize:
+        z = nn.functional.normalize(z, dim=1)
+    classes, counts = labels.unique(return_counts=True)
+    if len(classes) < 2:
+        return z.sum() * 0.0
+    p = int(counts.min()) if not pairs else min(int(counts.min()), pairs)
+    # rank of every sample within its class, in batch order: the class-balanced pairing
+    order = torch.argsort(labels * len(labels) + torch.arange(len(labels), device=labels.device), stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    index = starts.unsqueeze(0) + torch.arange(p, device=labels.device).unsqueeze(1)  # (p, |C|)
+    grouped = z[order[index]]  # (p, |C|, m)
+    dist = (grouped.unsqueeze(2) - grouped.unsqueeze(1)).pow(2).sum(-1)  # (p, |C|, |C|)
+    off = ~torch.eye(len(classes), dtype=torch.bool, device=z.device)
+    dist = dist[:, off].clamp(eps, 1.0 / eps)
+    return (dist + beta / dist).mean()
+
+
+def batch_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, cfg: TrainConfig,
+               reference: list[torch.Tensor] | None = None, forward: nn.Module | None = None) -> torch.Tensor:
+    """The objective of one batch: soft cross-entropy (less its `trim` largest per-sample losses),
+    + lambda * L_mixcon (split models), + the proximal term.
+
+    `forward` is what the batch passes through (Opacus' private wrapper of `model` under DP-SGD; its
+    per-sample hooks run in float32, so no autocast then). lambda = 0 adds nothing (not even a zero):
+    the loss is then the vanilla one, bit for bit.
+    """
+    forward = model if forward is None else forward
+    use_amp = str(cfg.device).startswith("cuda") and forward is model
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
+        if cfg.mixcon_lambda > 0:
+            if not hasattr(model, "encoder") or not hasattr(model, "head"):
+                raise ValueError("mixcon-lambda > 0 needs a split model (encoder + head), e.g. model 'lenet5'")
+            z = model.encoder(xb)
+            logits = model.head(z)
+        else:
+            logits = forward(xb)
+    loss = soft_cross_entropy(logits.float(), yb, cfg.trim)
+    if cfg.mixcon_lambda > 0:
+        loss = loss + cfg.mixcon_lambda * mixcon_loss(z, yb.argmax(dim=1), cfg.mixcon_beta, cfg.mixcon_eps,
+                                                      cfg.mixcon_pairs, cfg.mixcon_normalize)
+    if reference is not None:
+        loss = loss + 0.5 * cfg.proximal_mu * proximal_term(model, reference)
+    return loss
+
+
 def _rows(data, index: torch.Tensor, device: str) -> torch.Tensor:
     if isinstance(data, torch.Tensor):
         batch = data[index]
@@ -269,7 +346,8 @@ def train(
     rows: torch.Tensor | None = None,
     trace: StepTrace | None = None,
 ) -> TrainReport:
-    """Minimise soft cross-entropy (+ mu/2 * proximal term) with AdamW/SGD and a cosine schedule.
+    """Minimise soft cross-entropy (+ mu/2 * proximal term, + lambda * L_mixcon) with AdamW/SGD and a
+    cosine schedule (`batch_loss`).
 
     `checkpoint_key` names the training data; a checkpoint with another key is refused. `rows` restricts
     the epochs to those samples (a replayed batch); batch-mix partners still come from all of x. `trace`
@@ -285,7 +363,7 @@ def train(
     if cfg.optimizer == "adamw":
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     elif cfg.optimizer == "sgd":
-        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     else:
         raise ValueError(f"optimizer: unknown {cfg.optimizer!r}")
     steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
@@ -323,7 +401,6 @@ def train(
         report.dp_noise_multiplier = float(optimizer.noise_multiplier)
         report.dp_sample_rate = dp_sgd_sample_rate(n, cfg.batch_size)
     forward = private if private is not None else model
-    use_amp = str(device).startswith("cuda") and private is None  # Opacus' per-sample hooks run in float32
     hooks = trace.watch(model) if trace is not None else []
     for epoch in range(start_epoch, cfg.epochs):
         model.train()
@@ -346,13 +423,11 @@ def train(
                 xb, yb = mix.x.to(device), mix.y.to(device, dtype=torch.float32)
             if trace is not None:
                 trace.step(index, mix, xb, yb)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
-                logits = forward(xb)
-            loss = soft_cross_entropy(logits.float(), yb, cfg.trim)
-            if reference is not None:
-                loss = loss + 0.5 * cfg.proximal_mu * proximal_term(model, reference)
+            loss = batch_loss(model, xb, yb, cfg, reference, forward)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if cfg.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad_norm)
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()

@@ -70,6 +70,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             else "-"
         )
         table.add_row(
+            f"{name} (mixcon)" if res.get("encoder") == "mixcon" else
             f"{name} ({res['radius-mode']})" if res.get("radius-mode") else name,
             _pct(res.get("accuracy")),
             _pct(res.get("party0-accuracy")),
@@ -105,7 +106,16 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
                 f"model returned to the parties, recalibrated on their own data: test acc % mean "
                 f"{_pct(returned['mean'])}, min {_pct(returned['min'])}, max {_pct(returned['max'])}"
             )
-    if mix.get("parties"):
+    if mix.get("parties") and mix.get("encoder") == "mixcon":
+        sep = Table(title="mixup-union (encoder mixcon): uploaded representations per party (MixCon's dist = "
+                    "||h_i - h_j||^2 of normalised h over pairs of different classes)")
+        for col in ("party", "n", "mean dist", "min dist"):
+            sep.add_column(col, justify="right")
+        for party, p in sorted(mix["parties"].items(), key=lambda kv: int(kv[0])):
+            sep.add_row(str(party), str(p["num-examples"]), f"{p['separability-mean']:.3g}",
+                        f"{p['separability-min']:.3g}")
+        console.print(sep)
+    elif mix.get("parties"):
         mode = mix.get("radius-mode", "theorem")
         calibration = mix.get("calibration", "scalar")
         cal = Table(

@@ -118,9 +118,14 @@ def aggregator_options(settings: Settings, sampled: int) -> dict:
     return {}
 
 
-def run(ctx: RunContext, mu: float | None = None) -> dict:
+def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[torch.nn.Module, dict]:
+    """`rounds` of FedProx (FedAvg: mu = 0) from the run's initial model; the final global model and the report.
+    The global model is saved as global-model-<label>.pt (default: fedprox or fedavg) for the attacker.
+
+    Also the first phase of encoder=mixcon (strategies/mixup_union.py): the split model, trained with the
+    MixCon term by the parties' `train_local`, before each party uploads h(x) once.
+    """
     s, t0 = ctx.settings, time.perf_counter()
-    mu = s.proximal_mu if mu is None else mu
     parties = len(ctx.nodes())
     num_classes = datalib.dataset_spec(s).num_classes
     model = new_classifier(s, mixing_shape(s), num_classes)
@@ -149,9 +154,9 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
         elapsed = time.perf_counter() - t0
         curve.append({"round": server_round, "accuracy": metrics["accuracy"], "seconds": elapsed})
         ctx.progress.emit(
-            "round", round=server_round, rounds=s.rounds, accuracy=metrics["accuracy"], elapsed=round(elapsed, 3),
+            "round", round=server_round, rounds=rounds, accuracy=metrics["accuracy"], elapsed=round(elapsed, 3),
             answered=strategy.answered.get(server_round), sampled=len(strategy.sampled.get(server_round, [])) or None,
-            eta=round(elapsed / server_round * (s.rounds - server_round), 3) if server_round else None,
+            eta=round(elapsed / server_round * (rounds - server_round), 3) if server_round else None,
         )
         return MetricRecord(metrics)
 
@@ -159,14 +164,15 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
     result = runner.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
-        num_rounds=s.rounds,
+        num_rounds=rounds,
         timeout=s.reply_timeout,
         train_config=ConfigRecord({"settings": s.to_json(), "mode": "federated"}),
         evaluate_fn=evaluate,
     )
+    model.load_state_dict(result.arrays.to_torch_state_dict())
     nodes = sorted(set(ctx.traffic.to_node))
     final = curve[-1]["accuracy"] if curve else None
-    path = ctx.run_dir / f"global-model-{'fedprox' if mu > 0 else 'fedavg'}.pt"
+    path = ctx.run_dir / f"global-model-{label or ('fedprox' if mu > 0 else 'fedavg')}.pt"
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)  # a trained round to attack
     train_metrics = {str(k): dict(v) for k, v in result.train_metrics_clientapp.items()}
     extra = {"dp-fedavg": dp_fedavg.report(s, sampled, parties, strategy.released)} if dp else {}
@@ -177,11 +183,11 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
             "epsilon": last.get("dp-sgd-epsilon"), "noise-multiplier": last.get("dp-sgd-noise-multiplier"),
             "accountant": "Opacus RDP, per party (mean over parties of the last round), Poisson sampling",
         }
-    return {
+    return model, {
         "accuracy": final,
         "proximal-mu": mu,
         "aggregation": s.aggregation,
-        "rounds": s.rounds,
+        "rounds": rounds,
         "local-epochs": s.local_epochs,
         "curve": curve,
         "parties-used": len(strategy.parties_used),
@@ -194,6 +200,11 @@ def run(ctx: RunContext, mu: float | None = None) -> dict:
         **extra,
         **bytes_summary(ctx, nodes),
     }
+
+
+def run(ctx: RunContext, mu: float | None = None) -> dict:
+    s = ctx.settings
+    return federate(ctx, s.proximal_mu if mu is None else mu, s.rounds)[1]
 
 
 def run_fedavg(ctx: RunContext) -> dict:

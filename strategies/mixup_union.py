@@ -4,6 +4,11 @@ query "encode" to every node -> validate each upload as it arrives -> store it (
 manifest) and drop it from memory -> train centrally on the memory-mapped union with soft
 labels -> evaluate on the clean test split. A resumed run re-verifies the stored uploads, asks
 only the parties it has none for, and continues training from the checkpoint.
+
+encoder=mixcon (issue 15, docs/mixcon.md) first trains the split LeNet-5 by FedAvg with the MixCon
+term (`mixcon-rounds` rounds), keeps it in models/mixcon-split.pt, ships h (the layers up to the cut)
+with the encode query, and each party uploads h(x) of its partition once; the server then trains
+LeNet-5's head on the union of representations and tests head(h(x)) on the test split.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from fedsmix.central import (
     union_statistics,
 )
 from fedsmix.faults import interrupt_after
+from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
 from fedsmix.runs import atomic_write_bytes
-from fedsmix.space import mixing_shape
+from fedsmix.space import mixing_shape, upload_shape
 from fedsmix.training import CheckpointMismatch, state_digest
 from server.context import RunContext
 from server.plausibility import Evidence, examine, quarantine
@@ -48,7 +54,7 @@ from strategies.common import (
 def expectation(ctx: RunContext) -> Expectation:
     s = ctx.settings
     return Expectation(
-        sample_shape=mixing_shape(s),
+        sample_shape=upload_shape(s),
         num_classes=datalib.dataset_spec(s).num_classes,
         max_samples=s.max_upload_samples,
         max_bytes=int(s.max_upload_mb * 2**20),
@@ -150,6 +156,25 @@ def reopen_store(ctx: RunContext) -> tuple[UploadStore, list[dict]]:
     return store, discarded
 
 
+def cut_layer(ctx: RunContext) -> tuple[torch.nn.Module, dict]:
+    """encoder=mixcon: h, trained by `mixcon-rounds` FedAvg rounds of the split model with the MixCon term
+    (each party's `train_local`), saved beside the uploads; a resumed run reuses the saved one."""
+    from strategies.fedprox import federate
+
+    s = ctx.settings
+    path = ctx.run_dir / "models" / SPLIT_MODEL_FILE
+    model = new_classifier(s, mixing_shape(s), datalib.dataset_spec(s).num_classes)
+    if path.is_file():
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        return model.encoder, {"resumed": str(path)}
+    model, report = federate(ctx, mu=0.0, rounds=s.mixcon_rounds, label="mixcon-split")
+    buffer = io.BytesIO()
+    torch.save(model.cpu().state_dict(), buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+    report["mixcon"] = {"lambda": s.mixcon_lambda, "beta": s.mixcon_beta, "eps": s.mixcon_eps, "pairs": s.mixcon_pairs}
+    return model.encoder, report
+
+
 def run(ctx: RunContext) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
     nodes = ctx.nodes()
@@ -157,8 +182,12 @@ def run(ctx: RunContext) -> dict:
     config = settings_config(
         ctx, **({"stored-parties": ",".join(map(str, store.parties()))} if store.parties() else {})
     )
+    records, encoder, encoder_phase = {"config": config}, None, None
+    if s.encoder == "mixcon":
+        encoder, encoder_phase = cut_layer(ctx)
+        records["arrays"] = ArrayRecord(encoder.state_dict())  # h goes to every party with the encode query
     messages = [
-        Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.encode") for node in nodes
+        Message(RecordDict(dict(records)), dst_node_id=node, message_type="query.encode") for node in nodes
     ]
     parties, rejected, dropped, quarantined = collect_uploads(ctx, ctx.stream_replies(messages), store, nodes)
     t_upload = time.perf_counter() - t0
@@ -174,12 +203,15 @@ def run(ctx: RunContext) -> dict:
     public = server_public(s, ctx.progress)
     checkpoint = ctx.run_dir / "checkpoints" / "central.pt" if s.checkpoint_every else None
     curve: list[dict] = []
+    test = ctx.test_set()
+    if encoder is not None:  # the server holds h: its head is tested on h(x) of the test split
+        test = (represent(encoder, test[0], ctx.device), test[1])
 
     def train() -> Selection:
         return train_union(
             s, union, shape, num_classes, ctx.device, score=lambda models, held: score_round(ctx, models, held),
             public=public, checkpoint_path=checkpoint, checkpoint_key=store.union_key(used),
-            on_epoch=epoch_hook(ctx, t0, curve, then=interrupt_after(s.fault)), progress=ctx.progress,
+            on_epoch=epoch_hook(ctx, t0, curve, then=interrupt_after(s.fault), test=test), progress=ctx.progress,
         )
 
     checkpoint_note = None
@@ -190,7 +222,7 @@ def run(ctx: RunContext) -> dict:
         checkpoint_note = str(err)
         selection = train()
     model, report = selection.model, selection.report
-    metrics = test_accuracy(model, ctx.test_set(), ctx.device)
+    metrics = test_accuracy(model, test, ctx.device)
     epochs = len(report.get("losses", []))
     if epochs and (not curve or curve[-1]["epoch"] != epochs):
         curve.append({"epoch": epochs, "accuracy": metrics["accuracy"], "seconds": time.perf_counter() - t0})
@@ -222,7 +254,10 @@ def run(ctx: RunContext) -> dict:
         "curve": curve,
         "weights-sha256": weights,
     }
-    if s.return_model:
+    if encoder_phase is not None:
+        result["encoder"] = "mixcon"
+        result["mixcon-phase"] = encoder_phase  # the FedAvg rounds that trained h (their bytes are counted below)
+    if s.return_model and encoder is None:  # mixcon: the head reads h(x) and has no BatchNorm to recalibrate
         result["returned"] = return_round(ctx, selection, used)
     result["wall-seconds"] = time.perf_counter() - t0
     result.update(bytes_summary(ctx, nodes))

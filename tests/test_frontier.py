@@ -44,7 +44,11 @@ def test_cli_reports_a_bad_plan_without_running(capsys):
 def test_presets_load_and_plan(runs_dir):
     for preset in ("configs/frontier-mnist.yaml", "configs/frontier-cifar10.yaml"):
         settings, plan = load_settings(preset=preset), load_plan(preset)
-        assert len(plan.rows) == 9 and settings.train_subset > 0
+        assert len(plan.rows) >= 9 and settings.train_subset > 0
+        for row in map(parse_row, plan.rows):  # every row's settings validate (mixcon rows switch to LeNet-5)
+            row.settings(settings, Path(runs_dir))
+    mixcon = [r for r in load_plan("configs/frontier-mnist.yaml").rows if r.startswith("mixcon")]
+    assert mixcon == ["mixcon-l0", "mixcon-l1-b1e-4", "mixcon-l10-b1e-2"]
 
 
 @pytest.mark.sim

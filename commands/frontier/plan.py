@@ -28,6 +28,7 @@ from fedsmix.config import ATTACKS, Settings, SettingsError, resolve_preset
 
 ROW_FORMS = (
     "local-only, fedavg, fedprox, mixup-k<K>, instahide-inside-k<K>, instahide-cross-k<K>, singularized-tau<TAU>, "
+    "mixcon-l<LAMBDA>-b<BETA> (mixcon-l0: the vanilla split model), "
     "fedavg|fedprox followed by any of -prune<P>, -mixup-k<K>, -instahide-k<K>, -dp-eps<E>, -dpclient-eps<E>, "
     "-dpsgd-eps<E>, -groupnorm"
 )
@@ -35,6 +36,7 @@ DEFENCE = re.compile(
     r"-(?:prune(?P<prune>[0-9.]+)|(?P<mix>mixup|instahide)-k(?P<k>\d+)|(?P<dp>dp|dpclient|dpsgd)-eps(?P<eps>[0-9.]+)"
     r"|(?P<groupnorm>groupnorm))(?=-|$)"
 )
+NUMBER = r"(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)"
 DEFAULT_ROWS = (
     "local-only",
     "fedavg",
@@ -136,6 +138,11 @@ def parse_row(name: str) -> Row:
             tau = -1.0
         if tau > 0:
             return Row(name, "mixup-union", {"encoder": "singularized", "tau": tau})
+    if match := re.fullmatch(rf"mixcon-l{NUMBER}(?:-b{NUMBER})?", name):
+        lam, beta = float(match.group(1)), float(match.group(2)) if match.group(2) else None
+        if lam == 0 or beta is not None:  # the vanilla split model needs no beta; MixCon does
+            return Row(name, "mixup-union", {"encoder": "mixcon", "model": "lenet5", "mixcon_lambda": lam,
+                                             **({"mixcon_beta": beta} if beta is not None else {})})
     raise SettingsError(f"frontier.rows: unknown row {name!r}; forms: {ROW_FORMS}")
 
 
@@ -163,17 +170,22 @@ class FrontierPlan(BaseModel):
     gradient_study_victims: int = Field(
         0, ge=0, description="victims per study batch size: the first max(B, this) (0 = all attack-victims)"
     )
+    inversion_steps: int = Field(500, ge=1, description="model inversion (mixcon rows): SGD steps per victim")
+    inversion_lr: float = Field(1.0, gt=0)
+    inversion_tv: tuple[float, ...] = (1e-5, 1e-3, 1e-2, 3e-2, 1e-1)  # zeta grid, chosen on public probes
+    decoder_epochs: int = Field(50, ge=1, description="the inversion decoder's epochs on the public images")
     reencoding: tuple[int, ...] = (1, 4, 16)
     #: attacks tried on every row they apply to (server/adversary/registry.py); the U-Net trains per
     #: radius on public data, so it joins only when named
-    attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "gradient", "gradient-realistic")
+    attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "gradient", "gradient-realistic",
+                                "inversion", "inversion-decoder")
 
-    @field_validator("rows", "reencoding", "attacks", "gradient_study", mode="before")
+    @field_validator("rows", "reencoding", "attacks", "gradient_study", "inversion_tv", mode="before")
     @classmethod
     def _csv(cls, value: Any):
         if isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())
-        if isinstance(value, int):
+        if isinstance(value, int | float):
             return (value,)
         return tuple(value)
 

@@ -25,6 +25,7 @@ import torch
 from fedsmix import data as datalib
 from fedsmix.config import Settings, SettingsError, load_settings
 from fedsmix.metrics import snr_db
+from fedsmix.models import load_split_model
 from fedsmix.party import Partition, encode_partition, load_partition
 from fedsmix.runs import atomic_write_json, new_run_dir
 from server.adversary.analysis import Outcome, attack_cases, leakage
@@ -59,10 +60,10 @@ def to_unit_for(settings: Settings, vict: Victims):
     return None if settings.backbone != "none" else (lambda t: datalib.denormalize(t, vict.part.spec))
 
 
-def check_against_store(case: Case, upload_path: Path) -> None:
-    """The replayed upload must be the one the run stored (same partitions, same seeds)."""
+def check_against_store(replayed: torch.Tensor, upload_path: Path) -> None:
+    """The replayed upload must be the one the run stored (same partitions, same seeds, same h)."""
     stored = torch.from_numpy(np.load(upload_path).astype(np.float32))
-    if stored.shape != case.observation.x_tilde.shape or not torch.equal(stored, case.observation.x_tilde):
+    if stored.shape != replayed.shape or not torch.equal(stored, replayed.float()):
         raise RuntimeError(f"replayed upload differs from the stored one at {upload_path}: settings or seeds drifted")
 
 
@@ -96,11 +97,17 @@ def row_cases(row: Row, settings: Settings, run: dict, vict: Victims, prior: tor
         return []  # local-only: nothing a party sends is attacked
     if encodings_per_sample is not None:
         settings = settings.replace(encodings_per_sample=encodings_per_sample)
-    enc, calibration = encode_partition(settings, vict.part)
-    case = upload_case(settings, vict.part, enc, calibration, vict.index, prior_mean=prior)
+    encoder = None
+    if settings.encoder == "mixcon":  # the split model the run trained and shipped: the white-box h
+        encoder = load_split_model(settings, Path(run.get("run-dir", "")), vict.part.sample_shape,
+                                   vict.part.num_classes).encoder
+    enc, calibration = encode_partition(settings, vict.part,
+                                        encoder_state=encoder.state_dict() if encoder is not None else None)
+    case = upload_case(settings, vict.part, enc, calibration, vict.index, prior_mean=prior, encoder=encoder)
     stored = Path(run.get("run-dir", "")) / "uploads" / f"party-{plan.victim_party:03d}.x.npy"
     if encodings_per_sample is None and stored.is_file():
-        check_against_store(case, stored)
+        dtype = torch.float16 if settings.upload_dtype == "float16" else torch.float32
+        check_against_store(enc.x.to(dtype), stored)
     return [case]
 
 
@@ -164,6 +171,8 @@ def attack_row(row: Row, settings: Settings, cases: list[Case], public: torch.Te
         names, settings, public, tuple(cases[0].truth.shape[1:]), gradient_steps=plan.gradient_steps,
         gradient_restarts=plan.gradient_restarts, gradient_tv=plan.gradient_tv,
         gradient_alpha_bn=plan.gradient_alpha_bn, gradient_labels=plan.gradient_labels,
+        inversion_steps=plan.inversion_steps, inversion_lr=plan.inversion_lr, inversion_tv=plan.inversion_tv,
+        decoder_epochs=plan.decoder_epochs,
     )
     outcome = attack_cases(cases, attacks, prior, to_unit)
     outcome.skipped.update(skipped)
@@ -179,7 +188,7 @@ def reencoding(rows: list[Row], row_settings: list[Settings], runs: list[dict], 
     """The averaging attack against T encodings of each private sample (InstaHide re-encodes every epoch)."""
     out = []
     for row, settings, run in zip(rows, row_settings, runs):
-        if row.strategy != "mixup-union":
+        if row.strategy != "mixup-union" or row.target == "mixcon":  # h(x) is the same at every re-encoding
             continue
         to_unit = to_unit_for(settings, vict)
         attacks, _ = build_attacks(["averaging"], settings, None)
@@ -305,8 +314,11 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
             f"{attacked_round} "
             f"of B={plan.gradient_batch_size} image(s), {plan.gradient_local_epochs} local epoch(s); 'gradient' is the "
             f"appendix's strongest attacker (BN_exact, dropout masks known; against batch mixing the coefficients and "
-            f"indices known), 'gradient-realistic' BN_infer. Threat model for uploads: the "
-            f"oracle pairing (the attacker is handed W, the pairing and r). "
+            f"indices known), 'gradient-realistic' BN_infer. Model inversion "
+            f"(mixcon rows) {plan.inversion_steps} SGD steps at lr {plan.inversion_lr:g}, TV weight chosen on 16 "
+            f"public images among {', '.join(f'{t:g}' for t in plan.inversion_tv)}; "
+            f"its decoder {plan.decoder_epochs} epochs on the public images. Threat model for uploads: the "
+            f"oracle pairing (the attacker is handed W, the pairing and r; for mixcon rows, h's weights). "
             f"Total wall time {time.perf_counter() - t_start:.0f} s."
         ),
     }

@@ -13,7 +13,8 @@ from torch import nn
 class Observation:
     """What the server received from one party, plus what the threat model grants.
 
-    x_tilde: the uploaded encodings (n, *sample_shape), as received.
+    x_tilde: the uploaded encodings (n, *sample_shape), as received; or representations h(x) (n, *code
+      shape) when `encoder` is h and `input_shape` the private samples' shape (MixCon, backbone features).
     weights, sources: the mixing matrix W when known (strongest attacker): encoding i is
       sum_j weights[i, j] * private[sources[i, j]] (+ noise / public images); -1 marks a public slot.
     radius: the noise radius r when known (singularized mixup).
@@ -35,13 +36,17 @@ class Observation:
     lo: torch.Tensor | None = None
     hi: torch.Tensor | None = None
     extras: dict = field(default_factory=dict)
+    encoder: nn.Module | None = None  # the network h that produced x_tilde = h(x) (model inversion: white box)
+    input_shape: tuple[int, ...] | None = None  # shape of one private sample when x_tilde = h(x) is not one
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_tilde.shape[1:])
+        """Shape of one private sample (what an attack reconstructs)."""
+        return tuple(self.input_shape) if self.input_shape is not None else tuple(self.x_tilde.shape[1:])
 
     def to(self, device) -> Observation:
-        """The same observation with every tensor on `device` (attacks run where the data is)."""
+        """The same observation with every tensor on `device` (attacks run where the data is; an attack
+        moves its own copy of the encoder)."""
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
         return Observation(**moved)
 

@@ -99,21 +99,29 @@ def observation(enc: Encoded, radius: float | None, spec: datalib.DatasetSpec | 
     )
 
 
-def upload_case(settings: Settings, part: Partition, enc: Encoded, calibration: Calibration, rows: torch.Tensor,
-                *, uploaded: np.ndarray | torch.Tensor | None = None,
+def upload_case(settings: Settings, part: Partition, enc: Encoded, calibration: Calibration | None,
+                rows: torch.Tensor, *, uploaded: np.ndarray | torch.Tensor | None = None,
                 bounds: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
-                prior_mean: torch.Tensor | None = None, pairing=None, **extras) -> Case:
+                prior_mean: torch.Tensor | None = None, pairing=None, encoder: torch.nn.Module | None = None,
+                **extras) -> Case:
     """A party's upload (as stored, when given; else as the encoder produced it, in the upload dtype)
     with the secrets the oracle replayed, scored on `rows` of the party's samples.
 
     `attack-pairing = "recovered"`: the observation's pairing and weights are what `pairing` (a
     `pairing.PairingAttack`) recovers from the upload and its soft labels; the oracle's pi only scores
-    that recovery (extras["pairing-accuracy"]). Theorem 4.1's bound stays that of the true W."""
+    that recovery (extras["pairing-accuracy"]). Theorem 4.1's bound stays that of the true W.
+    encoder=mixcon: the upload is h(x) and the white-box attacker holds h (`encoder`, required).
+    """
     if uploaded is None:
         dtype = torch.float16 if settings.upload_dtype == "float16" else torch.float32
         x_tilde = enc.x.to(dtype).float()  # float16 uploads keep their precision for the attacks
     else:
         x_tilde = torch.as_tensor(np.asarray(uploaded, dtype=np.float32))
+    if settings.encoder == "mixcon":
+        if encoder is None:
+            raise ValueError("upload_case: an encoder=mixcon upload is attacked with its network h (encoder=...)")
+        return representation_case(part, x_tilde, encoder, rows, bounds=bounds or valid_bounds(settings, part.spec),
+                                   prior_mean=prior_mean, encoder_name="mixcon", **extras)
     cross = settings.encoder == "instahide-cross"
     obs = observation(
         enc, calibration.radius if settings.encoder == "singularized" else None, x_tilde=x_tilde,
@@ -131,6 +139,25 @@ def upload_case(settings: Settings, part: Partition, enc: Encoded, calibration: 
         weights=enc.weights if two_image else None, perm=enc.sources[:, 1] if two_image else None,
         radius=calibration.radius if two_image else None,
     )
+
+
+def representation_case(part: Partition, z: torch.Tensor, encoder: torch.nn.Module, rows: torch.Tensor, *,
+                        bounds: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+                        prior_mean: torch.Tensor | None = None, truth: torch.Tensor | None = None,
+                        encoder_name: str = "mixcon", **extras) -> Case:
+    """Uploaded representations z = h(x) of a party's samples, attacked by model inversion with h known.
+
+    Each representation is inverted on its own, so the observation holds only the victims' rows `rows`.
+    `truth` (default: the partition's samples) is what reconstructions are scored against, in the
+    space h reads (normalised pixels for MixCon; for a backbone, the images it saw)."""
+    lo, hi = bounds
+    if prior_mean is not None:
+        extras["prior_mean"] = prior_mean
+    truth = (part.x if truth is None else truth)[rows]
+    obs = Observation(x_tilde=z[rows].float(), n_private=len(rows), lo=lo, hi=hi, encoder=encoder,
+                      input_shape=tuple(truth.shape[1:]),
+                      extras={"party": part.party, "encoder": encoder_name, "masked": False, **extras})
+    return Case(party=part.party, observation=obs, truth=truth, rows=torch.arange(len(rows)))
 
 
 def update_case(settings: Settings, part: Partition, rows: torch.Tensor, *, proximal_mu: float, batch_size: int,

@@ -29,7 +29,7 @@ class Replay:
     party: int
     partition: Partition  # the originals, in mixing space
     encoded: Encoded  # pairing, weights, noise: the party's secrets
-    calibration: Calibration  # radius and Theorem 4.2's statistics
+    calibration: Calibration | None  # radius and Theorem 4.2's statistics (None: encoder=mixcon)
 
     @property
     def perm(self) -> torch.Tensor:
@@ -64,8 +64,10 @@ def check_replay(party: int, replayed: np.ndarray, uploaded: np.ndarray) -> None
         )
 
 
-def replay_party(settings: Settings, party: int, num_parties: int, uploaded: np.ndarray) -> Replay:
+def replay_party(settings: Settings, party: int, num_parties: int, uploaded: np.ndarray,
+                 encoder_state: dict[str, torch.Tensor] | None = None) -> Replay:
+    """`encoder_state`: the cut-layer weights the server shipped (encoder=mixcon)."""
     part = load_partition(settings, party, num_parties)
-    enc, calibration = encode_partition(settings, part)
+    enc, calibration = encode_partition(settings, part, encoder_state=encoder_state)
     check_replay(party, enc.x.numpy(), uploaded)
     return Replay(party, part, enc, calibration)

@@ -1,6 +1,7 @@
 """The one attack factory: name -> attack, what it applies to, what it needs.
 
-Every consumer (the in-run adversary, the tau sweep, the frontier) builds attacks here, so a new
+Every consumer (the in-run adversary, the tau sweep, the frontier, `fedsmix mixcon` and `fedsmix invert`)
+builds attacks here, so a new
 attack is one class in its own file plus one entry in REGISTRY. Uploads are attacked by encoder,
 federated updates by strategy (`targets`). Each attack's threat model is its class's
 `threat_model` line.
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsmix.config import Settings
+from fedsmix.seeding import generator
 
 from .base import Attack
 
@@ -85,7 +87,38 @@ def _gradient_realistic(settings: Settings, **options) -> Attack:
     return _gradient(settings, **{**options, "realistic": True})
 
 
+INVERSION_TVS = (1e-5, 1e-3, 1e-2, 3e-2, 1e-1)  # zeta grid the white-box attacker picks from on public probes
+
+
+def _inversion(settings: Settings, public: torch.Tensor | None = None, device: str = "cpu",
+               inversion_steps: int = 500, inversion_lr: float = 1.0, inversion_tv=INVERSION_TVS,
+               inversion_probe: int = 16, **_) -> Attack:
+    """White-box inversion; with public images (in h's input space) zeta is chosen on `inversion_probe` of
+    them among `inversion_tv`, else the grid's first value (the paper's 1e-5) is used."""
+    from .inversion import ModelInversion
+
+    tvs = tuple(inversion_tv) if isinstance(inversion_tv, tuple | list) else (float(inversion_tv),)
+    probe = None
+    if len(tvs) > 1 and public is not None and public.dim() == 4:
+        pick = torch.randperm(len(public), generator=generator(settings.seed, "inversion", "probe"))[:inversion_probe]
+        probe = public[pick]
+    return ModelInversion(steps=inversion_steps, lr=inversion_lr, tv=tvs if probe is not None else tvs[0],
+                          device=device, probe=probe)
+
+
+def _inversion_decoder(settings: Settings, public: torch.Tensor, device: str = "cpu", decoder_epochs: int = 50,
+                       decoder_adversarial: float = 1.0, decoder_code_weight: float = 10.0, public_codes=None,
+                       **_) -> Attack:
+    from .inversion import DecoderInversion
+
+    return DecoderInversion(public, epochs=decoder_epochs, adversarial=decoder_adversarial,
+                            xi_code=decoder_code_weight, seed=settings.seed, device=device, public_codes=public_codes)
+
+
 UPLOADS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none")
+# model inversion's targets: MixCon's cut-layer uploads, and uploads of a pretrained backbone's features
+# (commands/invert.py maps them back to pixels, after the linear/MMSE attacks estimated mixed ones)
+REPRESENTATIONS = ("mixcon", "backbone-features")
 REGISTRY: dict[str, AttackSpec] = {
     spec.name: spec
     for spec in (
@@ -96,6 +129,8 @@ REGISTRY: dict[str, AttackSpec] = {
         AttackSpec("averaging", UPLOADS[:-1], _averaging),
         AttackSpec("gradient", ("fedavg", "fedprox"), _gradient),
         AttackSpec("gradient-realistic", ("fedavg", "fedprox"), _gradient_realistic),
+        AttackSpec("inversion", REPRESENTATIONS, _inversion, needs_image=True),
+        AttackSpec("inversion-decoder", REPRESENTATIONS, _inversion_decoder, needs_public=True, needs_image=True),
     )
 }
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fedsmix import data as datalib
+from fedsmix.models import load_split_model
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.seeding import generator
 from fedsmix.space import mixing_shape, pixel_spec
@@ -51,20 +52,25 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
         pairing = build_pairing(s, public, device=ctx.device)
     refused, cases, radii = {}, [], []
     corrupted = set(store.verify())
+    encoder = None
+    if s.encoder == "mixcon":  # the white-box attacker holds the h it trained and shipped
+        encoder = load_split_model(s, ctx.run_dir, mixing_shape(s), spec.num_classes).encoder
     for party in parties:
         if party in corrupted:
             refused[str(party)] = "stored upload no longer matches its sha256"
             continue
         try:
             uploaded = stored_upload(store, party)
-            rep = replay_party(s, party, n_nodes, uploaded)
+            rep = replay_party(s, party, n_nodes, uploaded,
+                               encoder_state=encoder.state_dict() if encoder is not None else None)
         except ReplayMismatch as err:
             refused[str(party)] = str(err)
             continue
         victims = pick_victims(len(rep.partition.x), s.attack_victims, s.seed, party)
         cases.append(upload_case(s, rep.partition, rep.encoded, rep.calibration, victims, uploaded=uploaded,
-                                 bounds=bounds, prior_mean=public_mean, pairing=pairing))
-        radii.append(rep.calibration.radius)
+                                 bounds=bounds, prior_mean=public_mean, pairing=pairing, encoder=encoder))
+        if rep.calibration is not None:
+            radii.append(rep.calibration.radius)
 
     attacks, skipped = build_attacks(s.adversary, s, public, mixing_shape(s), device=ctx.device)
     errors: dict[str, str] = {}
