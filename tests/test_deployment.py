@@ -47,7 +47,9 @@ def compose_config(files: list[Path]) -> dict:
     if shutil.which("docker-compose") is None:
         pytest.fail("docker-compose is not installed: `apt-get install -y docker-compose` (.ci/run does this)")
     args = [arg for path in files for arg in ("-f", str(path))]
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}  # Debian's python runs it
+    env = {  # Debian's python runs it; FEDSMIX_* unset: the files as a Docker user reads them
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME") and not k.startswith("FEDSMIX_")
+    }
     out = subprocess.run(["docker-compose", *args, "config"], cwd=REPO, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     return yaml.safe_load(out.stdout)
@@ -91,13 +93,20 @@ def test_every_party_has_its_own_node_config_and_data_volume(stack):
     assert config["volumes"]["server-runs"]["name"] == "fedsmix-server-runs"
     assert services["superlink"]["image"] == "flwr/superlink:1.42.0"
     assert {s["image"] for n, s in services.items() if n.startswith("supernode-")} == {"flwr/supernode:1.42.0"}
-    dockerfile = (REPO / services["superexec-serverapp"]["build"]["dockerfile"]).read_text()
-    assert re.search(r"^FROM flwr/superexec:1\.42\.0$", dockerfile, re.M)
+    build = services["superexec-serverapp"]["build"]
+    assert build["target"] == "superexec" and build["args"]["BASE_IMAGE"] == "flwr/superexec:1.42.0"
+    assert build["args"]["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"  # CPU wheels by default
+    assert services["superlink"]["ports"][0]["published"] in (8000, "8000")
+    dockerfile = (REPO / build["dockerfile"]).read_text()
+    assert re.search(r"^ARG BASE_IMAGE=flwr/superexec:1\.42\.0$", dockerfile, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\} AS flower$", dockerfile, re.M)
+    if "register-supernodes" in services:  # the TLS overlay repeats the build: the same image either way
+        assert services["register-supernodes"]["build"] == build
     for name, spec in services.items():
         if name == "register-supernodes":
             assert spec["restart"] == "no"
             continue
-        assert spec["healthcheck"]["test"][0] == "CMD", name
+        assert spec["healthcheck"]["test"][0] == "CMD-SHELL", name  # podman 4.3 splits [CMD, ...] at spaces
         limits = spec["deploy"]["resources"]["limits"]
         assert float(limits["cpus"]) > 0 and limits["memory"], name
 
