@@ -205,7 +205,8 @@ class Podman:
 
     def storage_bytes(self) -> int:
         root = self("info", "--format", "{{.Store.GraphRoot}}").stdout.strip()
-        return int(_run(["du", "-sb", root]).stdout.split()[0])
+        out = _run(["du", "-sb", root], check_rc=False)  # a container's overlay may vanish meanwhile
+        return int(out.stdout.split()[0])
 
 
 # ---------------------------------------------------------------------------------- images
@@ -536,6 +537,18 @@ class Stack(SuperLinkClient):
     def health(self, service: str) -> str:
         return ((self.inspect(service)["State"].get("Health") or {}).get("Status")) or "none"
 
+    def cpu_seconds(self) -> float:
+        """CPU time the project's running containers have used (their cgroups' accounting)."""
+        total = 0.0
+        for row in self.containers().values():
+            path = self.podman.json("inspect", row["Id"])[0]["State"].get("CgroupPath") or ""
+            v1, v2 = Path(f"/sys/fs/cgroup/cpuacct{path}/cpuacct.usage"), Path(f"/sys/fs/cgroup{path}/cpu.stat")
+            if path and v1.exists():
+                total += int(v1.read_text()) / 1e9
+            elif path and v2.exists():
+                total += int(re.search(r"usage_usec (\d+)", v2.read_text())[1]) / 1e6
+        return round(total, 1)
+
     # -- lifecycle
     def up(self, timeout: float | None = None) -> Stack:
         timeout = timeout or self.up_timeout
@@ -747,14 +760,24 @@ def demo(
     stack = Stack(podman, torch, tls=tls, parties=parties, workdir=workdir, log=log)
     config, victim = (DEMO_RUN_CONFIG, None) if tls else (FAULT_RUN, f"supernode-{parties - 1}")
     with stack:
-        on_line, killed = _kill_at(stack, victim, KILL_AT) if victim else (None, {})
-        run = stack.flwr_run(config, timeout=900, on_line=on_line)
+        kill, killed = _kill_at(stack, victim, KILL_AT) if victim else (None, {})
+        stream = open(stack.workdir / "flwr-run.log", "w")  # the stream, each line with its time
+
+        def on_line(line: str) -> None:
+            stream.write(f"{time.strftime('%H:%M:%S')} {line}")
+            stream.flush()
+            if kill:
+                kill(line)
+
+        try:
+            run = stack.flwr_run(config, timeout=900, on_line=on_line)
+        finally:
+            stream.close()
         if not run.ok:
             raise DeploymentError(f"run {run.run_id}: {run.status} {run.details}\n{run.output[-3000:]}\n{stack.logs()}")
         results = stack.results(config)
-        problems = check_demo(
-            results, parties, stack.volume_path(RUNS_VOLUME), frozenset({parties - 1}) if victim else frozenset()
-        )
+        runs_volume = stack.volume_path(RUNS_VOLUME)
+        problems = check_demo(results, parties, runs_volume, frozenset({parties - 1}) if victim else frozenset())
         if victim and not killed:
             problems.append(f"{victim} was never killed: no {KILL_AT!r} in the stream")
         if victim and stack.containers()[victim]["State"] == "running":
@@ -762,10 +785,13 @@ def demo(
         problems += health_checks(stack) + limit_checks(stack) + mount_checks(stack)
         if tls:
             problems += unregistered_supernode(stack)
-            registered = stack.logs("register-supernodes", lines=50)
-            if registered.count("register-supernodes: supernode-") != parties:
-                problems.append(f"register-supernodes: {registered}")
+            oneshot = stack.containers()["register-supernodes"]
+            registered = _tail(stack.podman("logs", oneshot["Names"][0], check=False))
+            if oneshot["ExitCode"] != 0 or registered.count("register-supernodes: supernode-") != parties:
+                problems.append(f"register-supernodes exited {oneshot['ExitCode']}: {registered}")
         run_seconds = run.seconds
+        cpu = stack.cpu_seconds()  # the killed SuperNode's share is gone with its cgroup
+        load = os.getloadavg()
     leftovers = stack.leftovers()
     return {
         "tls": tls,
@@ -778,6 +804,9 @@ def demo(
         "up-seconds": stack.up_seconds,
         "run-seconds": round(run_seconds, 1),
         "wall-seconds": round(time.monotonic() - t0, 1),
+        "container-cpu-seconds": cpu,
+        "load-average": [round(x, 1) for x in load],
+        "runs-volume": str(runs_volume),
         "leftovers": leftovers,
         "problems": problems,
         "results": results,
