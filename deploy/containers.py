@@ -60,7 +60,7 @@ from deploy.smoke import (
     SuperLinkClient,
     answers_plain_http,
     check_demo,
-    connection_toml,
+    run_summary,
     with_parties,
 )
 
@@ -84,7 +84,8 @@ RUNS_VOLUME = "server-runs"
 # The plain stack: the demo's strategies with a third party, whose SuperNode is killed when FedProx's
 # round 2 starts; reply-timeout outlasts Flower's heartbeat patience (2 x 30 s), min-parties is 2.
 FAULT_RUN = {**DEMO_RUN_CONFIG, "rounds": 3, "min-parties": 2, "reply-timeout": 150.0}
-KILL_AT = "[ROUND 2/3]"
+KILL_ROUND = 2
+KILL_AT = f"[ROUND {KILL_ROUND}/{FAULT_RUN['rounds']}]"  # Flower's log line when the round starts
 
 
 def _run(argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
@@ -550,7 +551,7 @@ class Stack(SuperLinkClient):
         return round(total, 1)
 
     # -- lifecycle
-    def up(self, timeout: float | None = None) -> Stack:
+    def start(self, timeout: float | None = None) -> Stack:
         timeout = timeout or self.up_timeout
         t0 = time.monotonic()
         with HealthDriver(self.podman, PROJECT):
@@ -577,7 +578,7 @@ class Stack(SuperLinkClient):
         self.killed.add(service)
         self.log(f"killed {service}")
 
-    def down(self) -> list[str]:
+    def stop(self) -> list[str]:
         """`docker-compose down -v`, then whatever of the project is left removed by force; returns
         what was left over (an empty list when compose removed everything)."""
         self.compose("down", "-v", "--remove-orphans", "-t", "5", check=False)
@@ -600,22 +601,10 @@ class Stack(SuperLinkClient):
         ]
         return names
 
-    def __enter__(self) -> Stack:
-        try:
-            return self.up()
-        except BaseException:
-            self.down()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.down()
-
     # -- the flwr CLI on the host
     def cli_env(self) -> dict[str, str]:
-        env = flower_env(self.workdir / "flwr-home")
         ca = str(self.certs / "ca.crt") if self.tls else None
-        Path(env["FLWR_HOME"], "config.toml").write_text(connection_toml(self.connection, f"127.0.0.1:{self.port}", ca))
-        return env
+        return self.with_connection(flower_env(self.workdir / "flwr-home"), f"127.0.0.1:{self.port}", ca)
 
     def volume_path(self, volume: str) -> Path:
         name = self.config["volumes"][volume].get("name", f"{PROJECT}_{volume}")
@@ -738,17 +727,6 @@ def unregistered_supernode(stack: Stack, timeout: float = 180) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------- demo
-def _kill_at(stack: Stack, service: str, marker: str):
-    killed: dict[str, float] = {}
-
-    def on_line(line: str) -> None:
-        if not killed and marker in line:
-            killed["at"] = time.time()
-            stack.kill(service)
-
-    return on_line, killed
-
-
 def demo(
     podman: Podman, torch: str, tls: bool = False, workdir: Path | None = None, log: Callable[[str], None] = print
 ) -> dict:
@@ -760,7 +738,7 @@ def demo(
     stack = Stack(podman, torch, tls=tls, parties=parties, workdir=workdir, log=log)
     config, victim = (DEMO_RUN_CONFIG, None) if tls else (FAULT_RUN, f"supernode-{parties - 1}")
     with stack:
-        kill, killed = _kill_at(stack, victim, KILL_AT) if victim else (None, {})
+        kill, killed = stack.kill_when(victim, KILL_AT) if victim else (None, {})
         stream = open(stack.workdir / "flwr-run.log", "w")  # the stream, each line with its time
 
         def on_line(line: str) -> None:
@@ -789,20 +767,14 @@ def demo(
             registered = _tail(stack.podman("logs", oneshot["Names"][0], check=False))
             if oneshot["ExitCode"] != 0 or registered.count("register-supernodes: supernode-") != parties:
                 problems.append(f"register-supernodes exited {oneshot['ExitCode']}: {registered}")
-        run_seconds = run.seconds
         cpu = stack.cpu_seconds()  # the killed SuperNode's share is gone with its cgroup
         load = os.getloadavg()
     leftovers = stack.leftovers()
     return {
-        "tls": tls,
-        "parties": parties,
-        "run-id": run.run_id,
-        "status": run.status,
-        "accuracy": {name: res.get("accuracy") for name, res in results["strategies"].items()},
+        **run_summary(tls, parties, run, results),
         "dropped": results["strategies"].get("fedprox", {}).get("dropped"),
         "killed-at": killed.get("at") if killed else None,
         "up-seconds": stack.up_seconds,
-        "run-seconds": round(run_seconds, 1),
         "wall-seconds": round(time.monotonic() - t0, 1),
         "container-cpu-seconds": cpu,
         "load-average": [round(x, 1) for x in load],

@@ -301,12 +301,48 @@ class SuperLinkClient:
 
     tls: bool
 
+    def start(self) -> SuperLinkClient:
+        raise NotImplementedError
+
+    def stop(self) -> object:
+        raise NotImplementedError
+
+    def kill(self, service: str) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> SuperLinkClient:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     @property
     def connection(self) -> str:
         return "docker-tls" if self.tls else "docker"
 
     def cli_env(self) -> dict[str, str]:
         raise NotImplementedError
+
+    def with_connection(self, env: dict[str, str], address: str, root_certificates: str | None) -> dict[str, str]:
+        """`env` with this deployment's connection written to its FLWR_HOME's config.toml."""
+        Path(env["FLWR_HOME"], "config.toml").write_text(connection_toml(self.connection, address, root_certificates))
+        return env
+
+    def kill_when(self, service: str, marker: str) -> tuple[Callable[[str], None], dict[str, float]]:
+        """An on_line hook for flwr_run that kills `service` the moment the stream shows `marker`,
+        and the dict that then holds the kill's time under "at"."""
+        killed: dict[str, float] = {}
+
+        def on_line(line: str) -> None:
+            if not killed and marker in line:
+                killed["at"] = time.time()
+                self.kill(service)
+
+        return on_line, killed
 
     def run_config(self, config: dict) -> dict:
         return config
@@ -487,23 +523,11 @@ class Deployment(SuperLinkClient):
                     pids.append(int(entry.name))
         return pids
 
-    def __enter__(self) -> Deployment:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     # -- the flwr CLI, as a user on the host runs it
     def cli_env(self) -> dict[str, str]:
-        env = self.env("cli")
         address = f"127.0.0.1:{self.translator.port(SUPERLINK_SERVICE, 8000)}"
         ca = self.translator.host_path(SUPERLINK_SERVICE, "/certs/ca.crt") if self.tls else None
-        Path(env["FLWR_HOME"], "config.toml").write_text(connection_toml(self.connection, address, ca))
-        return env
+        return self.with_connection(self.env("cli"), address, ca)
 
     def server_path(self, container_path: str) -> str:
         return self.translator.host_path(SERVERAPP_SERVICE, container_path) or container_path
@@ -593,6 +617,18 @@ def tls_checks(deployment: Deployment) -> list[str]:
     return problems
 
 
+def run_summary(tls: bool, parties: int, run: FlowerRun, results: dict) -> dict:
+    """What a deployment's demo run reports, natively and in containers."""
+    return {
+        "tls": tls,
+        "parties": parties,
+        "run-id": run.run_id,
+        "status": run.status,
+        "accuracy": {name: res.get("accuracy") for name, res in results["strategies"].items()},
+        "run-seconds": round(run.seconds, 1),
+    }
+
+
 def smoke(tls: bool = False, parties: int = 2, workdir: Path | None = None, log: Callable[[str], None] = print) -> dict:
     """Bring the deployment up natively, run the demo, check it, tear everything down."""
     from deploy.make_certs import make_deployment_certs
@@ -615,13 +651,8 @@ def smoke(tls: bool = False, parties: int = 2, workdir: Path | None = None, log:
     leftovers = deployment.alive()
     problems += check_demo(results, parties, runs_dir)
     return {
-        "tls": tls,
-        "parties": parties,
-        "run-id": run.run_id,
-        "status": run.status,
-        "accuracy": {name: res.get("accuracy") for name, res in results["strategies"].items()},
+        **run_summary(tls, parties, run, results),
         "startup-seconds": round(up, 1),
-        "run-seconds": round(run.seconds, 1),
         "wall-seconds": round(time.monotonic() - t0, 1),
         "leftover-pids": leftovers,
         "problems": problems,

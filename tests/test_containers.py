@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from deploy import containers
-from deploy.containers import FAULT_RUN, KILL_AT, Podman, Stack, demo, ensure_tools, prepare_images
+from deploy.containers import FAULT_RUN, KILL_ROUND, Podman, Stack, demo, ensure_tools, prepare_images
 from deploy.image_requirements import requirements
 from deploy.smoke import DeploymentError
 
@@ -81,39 +81,41 @@ def images(podman):
     return info
 
 
+def _demo(podman, images, tmp_path, tls: bool) -> dict:
+    """deploy.containers.demo: up, run, its checks (health, limits, mounts, TLS), down."""
+    summary = demo(podman, images["torch"], tls=tls, workdir=tmp_path)
+    _print("TLS stack" if tls else "plain stack", {k: v for k, v in summary.items() if k != "results"})
+    assert summary["status"] == "finished:completed"
+    assert summary["problems"] == []
+    assert summary["leftovers"] == []
+    # check_demo read results.json and the upload store from the runs volume while it existed;
+    # `docker-compose down -v` has removed it since
+    assert summary["results"]["run-dir"].startswith(summary["runs-volume"] + "/")
+    assert not Path(summary["runs-volume"]).exists()
+    return summary
+
+
 @pytest.mark.slow
 @pytest.mark.sim
 @pytest.mark.timeout(2400)
 def test_plain_stack_runs_the_demo_and_survives_a_killed_supernode(podman, images, tmp_path):
-    summary = demo(podman, images["torch"], tls=False, workdir=tmp_path)
-    _print("plain stack", {k: v for k, v in summary.items() if k != "results"})
-    assert summary["status"] == "finished:completed"
-    assert summary["problems"] == []
-    assert summary["leftovers"] == []
+    summary = _demo(podman, images, tmp_path, tls=False)
     strategies = summary["results"]["strategies"]
     assert set(strategies["mixup-union"]["parties"]) == {"0", "1", "2"}
     prox = strategies["fedprox"]
     assert [p["round"] for p in prox["curve"]] == list(range(FAULT_RUN["rounds"] + 1))
     first = prox["dropped"][0]
-    assert {d["party"] for d in prox["dropped"]} == {2} and first["round"] == int(KILL_AT[7])
+    assert {d["party"] for d in prox["dropped"]} == {2} and first["round"] == KILL_ROUND
     assert "Node Unavailable" in first["reason"]
     dropped_at = dt.datetime.strptime(first["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     assert dropped_at.timestamp() >= int(summary["killed-at"])
-    # check_demo read results.json and the upload store from the runs volume while it existed;
-    # `docker-compose down -v` has removed it since
-    assert summary["results"]["run-dir"].startswith(summary["runs-volume"] + "/")
-    assert not Path(summary["runs-volume"]).exists()
 
 
 @pytest.mark.slow
 @pytest.mark.sim
 @pytest.mark.timeout(2400)
 def test_tls_stack_runs_the_demo_and_refuses_an_unregistered_supernode(podman, images, tmp_path):
-    summary = demo(podman, images["torch"], tls=True, workdir=tmp_path)
-    _print("TLS stack", {k: v for k, v in summary.items() if k != "results"})
-    assert summary["status"] == "finished:completed"
-    assert summary["problems"] == []
-    assert summary["leftovers"] == []
+    summary = _demo(podman, images, tmp_path, tls=True)
     assert summary["dropped"] in (None, [])
     connection = (tmp_path / "flwr-home" / "config.toml").read_text()  # what `flwr run` used: the CA, no insecure
     assert "root-certificates" in connection and "insecure" not in connection

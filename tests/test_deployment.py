@@ -15,7 +15,6 @@ import re
 import shutil
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -302,24 +301,12 @@ FAULT_RUN = {
 }
 
 
-def _kill_when(deployment: Deployment, service: str, marker: str):
-    """An on_line hook for flwr_run: kill `service` the moment the stream shows `marker`."""
-    killed: dict[str, float] = {}
-
-    def on_line(line: str) -> None:
-        if not killed and marker in line:
-            killed["at"] = time.time()
-            deployment.kill(service)
-
-    return on_line, killed
-
-
 @pytest.mark.slow
 @pytest.mark.sim
 def test_a_supernode_killed_mid_fedprox_drops_out_and_the_run_completes(tmp_path):
     """Three parties, min-parties 2 (the schema's floor): party 2's SuperNode dies in round 2."""
     with Deployment([COMPOSE], parties=3, workdir=tmp_path) as deployment:
-        on_line, killed = _kill_when(deployment, "supernode-2", "[ROUND 2/3]")
+        on_line, killed = deployment.kill_when("supernode-2", "[ROUND 2/3]")
         run = deployment.flwr_run(FAULT_RUN, timeout=600, on_line=on_line)
         results = deployment.results(FAULT_RUN)
         assert deployment.procs["supernode-2"].returncode == -9
@@ -341,7 +328,7 @@ def test_a_supernode_killed_mid_fedprox_drops_out_and_the_run_completes(tmp_path
 def test_a_run_that_falls_below_min_parties_ends_with_a_clear_error(tmp_path):
     """Two parties, min-parties 2: party 1's SuperNode dies in round 2; the run fails, it does not hang."""
     with Deployment([COMPOSE], parties=2, workdir=tmp_path) as deployment:
-        on_line, killed = _kill_when(deployment, "supernode-1", "[ROUND 2/3]")
+        on_line, killed = deployment.kill_when("supernode-1", "[ROUND 2/3]")
         run = deployment.flwr_run(FAULT_RUN, timeout=600, on_line=on_line)
         results = deployment.results(FAULT_RUN)
     assert killed, run.output[-2000:]
