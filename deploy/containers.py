@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -188,6 +189,13 @@ class Podman:
             except subprocess.TimeoutExpired:
                 continue
         self.log(f"podman system service (pid {self.service.pid}) stopped")
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the service and what it has reaped (Buildah's RUN steps under docker-compose build)."""
+        if self.service is None or self.service.poll() is not None:
+            return 0.0
+        fields = Path(f"/proc/{self.service.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
     def service_alive(self) -> bool:
         return self.service is not None and self.service.poll() is None
@@ -387,13 +395,20 @@ def image_sizes(podman: Podman) -> dict[str, int]:
     return {name: int(podman("image", "inspect", "--format", "{{.Size}}", name).stdout.strip()) for name in names}
 
 
+def _cpu(podman: Podman) -> float:
+    """CPU seconds of this process's reaped children (debootstrap, pip, podman build) and of the
+    Podman service's work: unlike wall time, independent of what else runs on the machine."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return children.ru_utime + children.ru_stime + podman.cpu_seconds()
+
+
 def prepare_images(podman: Podman, log: Callable[[str], None] = print) -> dict:
-    """Base image, wheels and the three images; what it took (seconds, bytes)."""
-    t0 = time.monotonic()
+    """Base image, wheels and the three images; what it took (seconds, CPU seconds, bytes)."""
+    t0, c0 = time.monotonic(), _cpu(podman)
     base = base_image(podman, log)
-    t_base = time.monotonic()
+    t_base, c_base = time.monotonic(), _cpu(podman)
     torch = download_wheels(choose_torch(log), log)
-    t_wheels = time.monotonic()
+    t_wheels, c_wheels = time.monotonic(), _cpu(podman)
     builds = build_images(podman, torch, log)
     return {
         "base-image": base,
@@ -404,6 +419,12 @@ def prepare_images(podman: Podman, log: Callable[[str], None] = print) -> dict:
             "builds": builds,
             "total": round(time.monotonic() - t0, 1),
         },
+        "cpu-seconds": {
+            "base-image": round(c_base - c0, 1),
+            "wheels": round(c_wheels - c_base, 1),
+            "builds": round(_cpu(podman) - c_wheels, 1),
+        },
+        "load-average": [round(x, 1) for x in os.getloadavg()],
         "wheels-bytes": sum(p.stat().st_size for p in WHEELS.glob("*.whl")),
         "image-bytes": image_sizes(podman),
     }
