@@ -314,22 +314,32 @@ def download_wheels(torch: str, log: Callable[[str], None] = print) -> str:
             timeout=1800,
         )
         stamp.write_text("\n".join(wanted))
-    if torch and re.search(r"(^|\s)torchvision(\s|$)", torch):  # pin what the resolver picked
-        found = sorted(WHEELS.glob("torchvision-*.whl"))
-        torch_version = re.search(r"torch==(\S+)", torch)[1].split("+")[0]
-        matching = [w for w in found if _requires_torch(w) in (None, torch_version)]
-        if matching:
-            torch = re.sub(r"(^|\s)torchvision(\s|$)", rf"\1torchvision=={matching[-1].name.split('-')[1]}\2", torch)
+    if torch and re.search(r"(^|\s)torchvision(\s|$)", torch):  # pin the release that fits this torch
+        vision = _torchvision_for(re.search(r"torch==(\S+)", torch)[1])
+        if vision:
+            torch = re.sub(r"(^|\s)torchvision(\s|$)", rf"\1torchvision=={vision}\2", torch)
     return torch
 
 
-def _requires_torch(wheel: Path) -> str | None:
+def _torchvision_for(torch_version: str) -> str | None:
+    """The newest torchvision in deploy/wheels whose torch requirement admits `torch_version`."""
     import zipfile
 
-    with zipfile.ZipFile(wheel) as archive:
-        meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        found = re.search(r"^Requires-Dist: torch \(?==([\w.]+)", archive.read(meta).decode(), re.M)
-    return found[1] if found else None
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    def version(wheel: Path) -> Version:
+        return Version(wheel.name.split("-")[1])
+
+    for wheel in sorted(WHEELS.glob("torchvision-*.whl"), key=version, reverse=True):
+        with zipfile.ZipFile(wheel) as archive:
+            meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+            lines = archive.read(meta).decode().splitlines()
+        needs = [Requirement(line.split(":", 1)[1]) for line in lines if line.startswith("Requires-Dist: torch")]
+        needs = [r for r in needs if r.name == "torch" and r.marker is None]
+        if all(r.specifier.contains(torch_version, prereleases=True) for r in needs):
+            return str(version(wheel))
+    return None
 
 
 def compose_env(podman: Podman, torch: str, port: int | None = None, certs: Path | None = None) -> dict[str, str]:

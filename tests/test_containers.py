@@ -55,6 +55,18 @@ def test_a_third_party_overlay_copies_party_one(tmp_path):
     assert services["superlink"]["ports"][0]["published"] in (stack.port, str(stack.port))
 
 
+def test_torchvision_is_pinned_to_the_release_that_admits_the_chosen_torch(tmp_path, monkeypatch):
+    import zipfile
+
+    for version, needs in (("0.28.0", "torch (==2.13.0)"), ("0.29.1", "torch (>=2.14.0)")):
+        with zipfile.ZipFile(tmp_path / f"torchvision-{version}-cp311-cp311-manylinux_2_28_x86_64.whl", "w") as wheel:
+            wheel.writestr(f"torchvision-{version}.dist-info/METADATA", f"Name: torchvision\nRequires-Dist: {needs}\n")
+    monkeypatch.setattr(containers, "WHEELS", tmp_path)
+    assert containers._torchvision_for("2.13.0+cpu") == "0.28.0"
+    assert containers._torchvision_for("2.14.1") == "0.29.1"
+    assert containers._torchvision_for("2.12.0") is None
+
+
 def test_compose_limits_parse_to_what_podman_reports():
     assert containers._bytes("512M") == 512 * 2**20 and containers._bytes("4G") == 4 * 2**30
     assert containers._bytes("1073741824") == 2**30
@@ -123,6 +135,7 @@ def test_tls_stack_runs_the_demo_and_refuses_an_unregistered_supernode(podman, i
 
 @pytest.mark.slow
 @pytest.mark.sim
+@pytest.mark.timeout(2400)
 def test_a_stack_that_fails_to_come_up_leaves_nothing_behind(podman, images, tmp_path):
     stack = Stack(podman, images["torch"], workdir=tmp_path, up_timeout=3)
     with pytest.raises((DeploymentError, subprocess.TimeoutExpired)):
