@@ -42,9 +42,9 @@ REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
 TLS_OVERLAY = REPO / "docker-compose.tls.yml"
 BIN = Path(sys.executable).parent
-IMAGE_BINARIES = {
-    "flwr/superlink": "flower-superlink",
-    "flwr/supernode": "flower-supernode",
+IMAGE_BINARIES = {  # by repository name, whatever the registry: flwr/superlink or a local stand-in
+    "superlink": "flower-superlink",
+    "supernode": "flower-supernode",
     "fedsmix-superexec": "flower-superexec",  # deploy/Dockerfile
 }
 SERVERAPP_SERVICE = "superexec-serverapp"
@@ -85,12 +85,32 @@ def _volume(entry: str, base: Path) -> tuple[str, str]:
     return source, target
 
 
+VARIABLE = re.compile(r"\$(?:\$|\{(\w+)(?:(:?-)([^}]*))?\})")
+
+
+def interpolate(text: str, environ: dict[str, str] | None = None) -> str:
+    """Compose's variable substitution for the forms the files use: ${VAR}, ${VAR:-default}
+    (default when unset or empty), ${VAR-default} (default when unset), and $$ for a literal $."""
+    environ = os.environ if environ is None else environ
+
+    def value(m: re.Match) -> str:
+        if m[0] == "$$":
+            return "$"
+        name, form, default = m[1], m[2], m[3] or ""
+        if name in environ and (environ[name] or form != ":-"):
+            return environ[name]
+        return default if form else ""
+
+    return VARIABLE.sub(value, text)
+
+
 def load_services(files: Sequence[Path]) -> dict[str, dict]:
-    """The services of `docker compose -f a -f b ...`, merged as Compose merges them for the keys
-    used here: `depends_on`, `volumes` (by target) and `healthcheck` merge; everything else is replaced."""
+    """The services of `docker compose -f a -f b ...`, variables substituted from the environment
+    and merged as Compose merges them for the keys used here: `depends_on`, `volumes` (by target)
+    and `healthcheck` merge; everything else is replaced."""
     services: dict[str, dict] = {}
     for path in files:
-        document = yaml.safe_load(Path(path).read_text()) or {}
+        document = yaml.safe_load(interpolate(Path(path).read_text())) or {}
         for name, spec in (document.get("services") or {}).items():
             merged = services.setdefault(name, {})
             for key, value in spec.items():
@@ -226,7 +246,7 @@ def executable(spec: dict) -> list[str]:
     if spec.get("entrypoint"):
         entry = list(spec["entrypoint"])
         return [sys.executable if entry[0] == "python" else str(BIN / entry[0]), *entry[1:]]
-    image = str(spec.get("image", "")).split(":")[0]
+    image = str(spec.get("image", "")).rsplit("/", 1)[-1].split(":")[0]
     if image not in IMAGE_BINARIES:
         raise DeploymentError(
             f"image {spec.get('image')!r}: no native binary for it (known: {', '.join(IMAGE_BINARIES)})"
@@ -239,10 +259,12 @@ def native_services(services: dict[str, dict], translator: Translator) -> dict[s
     for name, spec in services.items():
         test = (spec.get("healthcheck") or {}).get("test")
         health = None
-        if test:
-            if test[0] != "CMD":
-                raise DeploymentError(f"{name}: healthcheck must use the exec form [CMD, ...]")
+        if test and test[0] == "CMD":
             health = translator.args(name, [sys.executable if test[1] == "python" else test[1], *test[2:]])
+        elif test and test[0] == "CMD-SHELL":  # `python` comes first on the PATH of Deployment.env
+            health = ["/bin/sh", "-c", translator.arg(name, test[1], None)]
+        elif test:
+            raise DeploymentError(f"{name}: healthcheck must be [CMD, ...] or [CMD-SHELL, command]")
         argv = executable(spec) + translator.args(name, spec.get("command", []))
         out[name] = NativeService(name, argv, health, dict(spec.get("depends_on", {})))
     return out
@@ -273,7 +295,93 @@ def connection_toml(name: str, address: str, root_certificates: str | None) -> s
     return f'[superlink.{name}]\naddress = "{address}"\n{trust}\n'
 
 
-class Deployment:
+class SuperLinkClient:
+    """The flwr CLI on the host against a deployed SuperLink, as a user runs it: subclasses give
+    `cli_env` (FLWR_HOME with the connection), `tls`, `run_config` and `results`."""
+
+    tls: bool
+
+    def start(self) -> SuperLinkClient:
+        raise NotImplementedError
+
+    def stop(self) -> object:
+        raise NotImplementedError
+
+    def kill(self, service: str) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> SuperLinkClient:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def connection(self) -> str:
+        return "docker-tls" if self.tls else "docker"
+
+    def cli_env(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def with_connection(self, env: dict[str, str], address: str, root_certificates: str | None) -> dict[str, str]:
+        """`env` with this deployment's connection written to its FLWR_HOME's config.toml."""
+        Path(env["FLWR_HOME"], "config.toml").write_text(connection_toml(self.connection, address, root_certificates))
+        return env
+
+    def kill_when(self, service: str, marker: str) -> tuple[Callable[[str], None], dict[str, float]]:
+        """An on_line hook for flwr_run that kills `service` the moment the stream shows `marker`,
+        and the dict that then holds the kill's time under "at"."""
+        killed: dict[str, float] = {}
+
+        def on_line(line: str) -> None:
+            if not killed and marker in line:
+                killed["at"] = time.time()
+                self.kill(service)
+
+        return on_line, killed
+
+    def run_config(self, config: dict) -> dict:
+        return config
+
+    def flwr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return launch.flwr(*args, env=self.cli_env(), cwd=REPO, timeout=timeout)
+
+    def online_nodes(self) -> list[int]:
+        out = self.flwr("supernode", "list", self.connection, "--format", "json")
+        try:
+            return [int(n["node-id"]) for n in json.loads(out.stdout)["nodes"] if n["status"] == "online"]
+        except (ValueError, KeyError):
+            return []
+
+    def wait_online(self, count: int, timeout: float = 120.0) -> list[int]:
+        """`flwr supernode list`, until `count` SuperNodes are online (as a user checks before `flwr run`)."""
+        deadline = time.monotonic() + timeout
+        while len(nodes := self.online_nodes()) < count:
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"{len(nodes)} of {count} SuperNodes online after {timeout:.0f}s")
+            time.sleep(1.0)
+        return nodes
+
+    def flwr_run(self, config: dict, timeout: float = 600.0, on_line: Callable[[str], None] | None = None) -> FlowerRun:
+        """`flwr run . <connection> --stream` through the project's one driver (commands/launch.py)."""
+        try:
+            return launch.stream_run(
+                self.run_config(config),
+                self.cli_env(),
+                connection=self.connection,
+                app_dir=REPO,
+                timeout=timeout,
+                on_line=on_line,
+            )
+        except launch.LaunchError as err:
+            raise DeploymentError(str(err)) from None
+
+
+class Deployment(SuperLinkClient):
     """Start the compose services natively, wait for their health checks, stop them by process group."""
 
     def __init__(
@@ -415,27 +523,11 @@ class Deployment:
                     pids.append(int(entry.name))
         return pids
 
-    def __enter__(self) -> Deployment:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     # -- the flwr CLI, as a user on the host runs it
-    @property
-    def connection(self) -> str:
-        return "docker-tls" if self.tls else "docker"
-
     def cli_env(self) -> dict[str, str]:
-        env = self.env("cli")
         address = f"127.0.0.1:{self.translator.port(SUPERLINK_SERVICE, 8000)}"
         ca = self.translator.host_path(SUPERLINK_SERVICE, "/certs/ca.crt") if self.tls else None
-        Path(env["FLWR_HOME"], "config.toml").write_text(connection_toml(self.connection, address, ca))
-        return env
+        return self.with_connection(self.env("cli"), address, ca)
 
     def server_path(self, container_path: str) -> str:
         return self.translator.host_path(SERVERAPP_SERVICE, container_path) or container_path
@@ -443,39 +535,6 @@ class Deployment:
     def run_config(self, config: dict) -> dict:
         """A run config in the containers' terms, with absolute paths mapped to the ServerApp's mounts."""
         return {k: self.server_path(v) if isinstance(v, str) and v.startswith("/") else v for k, v in config.items()}
-
-    def flwr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return launch.flwr(*args, env=self.cli_env(), cwd=REPO, timeout=timeout)
-
-    def online_nodes(self) -> list[int]:
-        out = self.flwr("supernode", "list", self.connection, "--format", "json")
-        try:
-            return [int(n["node-id"]) for n in json.loads(out.stdout)["nodes"] if n["status"] == "online"]
-        except (ValueError, KeyError):
-            return []
-
-    def wait_online(self, count: int, timeout: float = 120.0) -> list[int]:
-        """`flwr supernode list`, until `count` SuperNodes are online (as a user checks before `flwr run`)."""
-        deadline = time.monotonic() + timeout
-        while len(nodes := self.online_nodes()) < count:
-            if time.monotonic() > deadline:
-                raise DeploymentError(f"{len(nodes)} of {count} SuperNodes online after {timeout:.0f}s")
-            time.sleep(1.0)
-        return nodes
-
-    def flwr_run(self, config: dict, timeout: float = 600.0, on_line: Callable[[str], None] | None = None) -> FlowerRun:
-        """`flwr run . <connection> --stream` through the project's one driver (commands/launch.py)."""
-        try:
-            return launch.stream_run(
-                self.run_config(config),
-                self.cli_env(),
-                connection=self.connection,
-                app_dir=REPO,
-                timeout=timeout,
-                on_line=on_line,
-            )
-        except launch.LaunchError as err:
-            raise DeploymentError(str(err)) from None
 
     def results(self, config: dict) -> dict:
         """results.json of the newest run in the ServerApp's runs volume."""
@@ -493,8 +552,9 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 # ----------------------------------------------------------------------------------- checks
-def check_demo(results: dict, parties: int, runs_dir: Path) -> list[str]:
-    """What the smoke test demands of the demo run; an empty list when all holds."""
+def check_demo(results: dict, parties: int, runs_dir: Path, dropped: frozenset[int] = frozenset()) -> list[str]:
+    """What the smoke test demands of the demo run; an empty list when all holds. `dropped`: the
+    parties FedProx must record as dropped (a SuperNode killed mid-run), none by default."""
     from server.store import UploadStore
 
     problems = []
@@ -513,8 +573,9 @@ def check_demo(results: dict, parties: int, runs_dir: Path) -> list[str]:
         problems.append(f"upload store: parties {store.parties()}, sha256 mismatches {store.verify()}")
     prox = strategies.get("fedprox", {})
     rounds = results.get("settings", {}).get("rounds")
-    if [p["round"] for p in prox.get("curve", [])] != list(range((rounds or 0) + 1)) or prox.get("dropped"):
-        problems.append(f"fedprox: curve {prox.get('curve')}, dropped {prox.get('dropped')}")
+    lost = {record.get("party") for record in prox.get("dropped") or []}
+    if [p["round"] for p in prox.get("curve", [])] != list(range((rounds or 0) + 1)) or lost != set(dropped):
+        problems.append(f"fedprox: curve {prox.get('curve')}, dropped {prox.get('dropped')}, expected {set(dropped)}")
     for name, floor in MIN_ACCURACY.items():
         accuracy = strategies.get(name, {}).get("accuracy")
         if not isinstance(accuracy, float) or accuracy < floor:
@@ -524,17 +585,22 @@ def check_demo(results: dict, parties: int, runs_dir: Path) -> list[str]:
     return problems
 
 
+def answers_plain_http(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether the SuperLink's /health answers over plain HTTP (over TLS the handshake fails)."""
+    try:
+        urllib.request.urlopen(f"http://{host}:{port}/health", timeout=10)
+        return True
+    except (urllib.error.URLError, http.client.HTTPException, OSError):
+        return False
+
+
 def tls_checks(deployment: Deployment) -> list[str]:
     """TLS is really on, and SuperNode authentication really refuses an unregistered key."""
     from deploy.make_certs import authentication_key
 
     problems = []
-    port = deployment.translator.port(SUPERLINK_SERVICE, 8000)
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10)
+    if answers_plain_http(deployment.translator.port(SUPERLINK_SERVICE, 8000)):
         problems.append("the SuperLink answered plain HTTP")
-    except (urllib.error.URLError, http.client.HTTPException, OSError):
-        pass  # the handshake fails: it speaks TLS only
     key = deployment.workdir / "unregistered.auth-key"
     authentication_key(key, comment="unregistered")
     argv = list(deployment.native["supernode-0"].argv)
@@ -549,6 +615,18 @@ def tls_checks(deployment: Deployment) -> list[str]:
     if code == 0 or "Failed to activate" not in deployment.tail("unregistered-supernode", 60):
         problems.append(f"an unregistered SuperNode exited with {code}: {deployment.tail('unregistered-supernode')}")
     return problems
+
+
+def run_summary(tls: bool, parties: int, run: FlowerRun, results: dict) -> dict:
+    """What a deployment's demo run reports, natively and in containers."""
+    return {
+        "tls": tls,
+        "parties": parties,
+        "run-id": run.run_id,
+        "status": run.status,
+        "accuracy": {name: res.get("accuracy") for name, res in results["strategies"].items()},
+        "run-seconds": round(run.seconds, 1),
+    }
 
 
 def smoke(tls: bool = False, parties: int = 2, workdir: Path | None = None, log: Callable[[str], None] = print) -> dict:
@@ -573,13 +651,8 @@ def smoke(tls: bool = False, parties: int = 2, workdir: Path | None = None, log:
     leftovers = deployment.alive()
     problems += check_demo(results, parties, runs_dir)
     return {
-        "tls": tls,
-        "parties": parties,
-        "run-id": run.run_id,
-        "status": run.status,
-        "accuracy": {name: res.get("accuracy") for name, res in results["strategies"].items()},
+        **run_summary(tls, parties, run, results),
         "startup-seconds": round(up, 1),
-        "run-seconds": round(run.seconds, 1),
         "wall-seconds": round(time.monotonic() - t0, 1),
         "leftover-pids": leftovers,
         "problems": problems,

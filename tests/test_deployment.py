@@ -15,7 +15,6 @@ import re
 import shutil
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +46,9 @@ def compose_config(files: list[Path]) -> dict:
     if shutil.which("docker-compose") is None:
         pytest.fail("docker-compose is not installed: `apt-get install -y docker-compose` (.ci/run does this)")
     args = [arg for path in files for arg in ("-f", str(path))]
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}  # Debian's python runs it
+    env = {  # Debian's python runs it; FEDSMIX_* unset: the files as a Docker user reads them
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME") and not k.startswith("FEDSMIX_")
+    }
     out = subprocess.run(["docker-compose", *args, "config"], cwd=REPO, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     return yaml.safe_load(out.stdout)
@@ -91,13 +92,20 @@ def test_every_party_has_its_own_node_config_and_data_volume(stack):
     assert config["volumes"]["server-runs"]["name"] == "fedsmix-server-runs"
     assert services["superlink"]["image"] == "flwr/superlink:1.42.0"
     assert {s["image"] for n, s in services.items() if n.startswith("supernode-")} == {"flwr/supernode:1.42.0"}
-    dockerfile = (REPO / services["superexec-serverapp"]["build"]["dockerfile"]).read_text()
-    assert re.search(r"^FROM flwr/superexec:1\.42\.0$", dockerfile, re.M)
+    build = services["superexec-serverapp"]["build"]
+    assert build["target"] == "superexec" and build["args"]["BASE_IMAGE"] == "flwr/superexec:1.42.0"
+    assert build["args"]["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"  # CPU wheels by default
+    assert services["superlink"]["ports"][0]["published"] in (8000, "8000")
+    dockerfile = (REPO / build["dockerfile"]).read_text()
+    assert re.search(r"^ARG BASE_IMAGE=flwr/superexec:1\.42\.0$", dockerfile, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\} AS flower$", dockerfile, re.M)
+    if "register-supernodes" in services:  # the TLS overlay repeats the build: the same image either way
+        assert services["register-supernodes"]["build"] == build
     for name, spec in services.items():
         if name == "register-supernodes":
             assert spec["restart"] == "no"
             continue
-        assert spec["healthcheck"]["test"][0] == "CMD", name
+        assert spec["healthcheck"]["test"][0] == "CMD-SHELL", name  # podman 4.3 splits [CMD, ...] at spaces
         limits = spec["deploy"]["resources"]["limits"]
         assert float(limits["cpus"]) > 0 and limits["memory"], name
 
@@ -293,24 +301,12 @@ FAULT_RUN = {
 }
 
 
-def _kill_when(deployment: Deployment, service: str, marker: str):
-    """An on_line hook for flwr_run: kill `service` the moment the stream shows `marker`."""
-    killed: dict[str, float] = {}
-
-    def on_line(line: str) -> None:
-        if not killed and marker in line:
-            killed["at"] = time.time()
-            deployment.kill(service)
-
-    return on_line, killed
-
-
 @pytest.mark.slow
 @pytest.mark.sim
 def test_a_supernode_killed_mid_fedprox_drops_out_and_the_run_completes(tmp_path):
     """Three parties, min-parties 2 (the schema's floor): party 2's SuperNode dies in round 2."""
     with Deployment([COMPOSE], parties=3, workdir=tmp_path) as deployment:
-        on_line, killed = _kill_when(deployment, "supernode-2", "[ROUND 2/3]")
+        on_line, killed = deployment.kill_when("supernode-2", "[ROUND 2/3]")
         run = deployment.flwr_run(FAULT_RUN, timeout=600, on_line=on_line)
         results = deployment.results(FAULT_RUN)
         assert deployment.procs["supernode-2"].returncode == -9
@@ -332,7 +328,7 @@ def test_a_supernode_killed_mid_fedprox_drops_out_and_the_run_completes(tmp_path
 def test_a_run_that_falls_below_min_parties_ends_with_a_clear_error(tmp_path):
     """Two parties, min-parties 2: party 1's SuperNode dies in round 2; the run fails, it does not hang."""
     with Deployment([COMPOSE], parties=2, workdir=tmp_path) as deployment:
-        on_line, killed = _kill_when(deployment, "supernode-1", "[ROUND 2/3]")
+        on_line, killed = deployment.kill_when("supernode-1", "[ROUND 2/3]")
         run = deployment.flwr_run(FAULT_RUN, timeout=600, on_line=on_line)
         results = deployment.results(FAULT_RUN)
     assert killed, run.output[-2000:]

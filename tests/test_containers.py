@@ -1,0 +1,145 @@
+"""The compose demo in real containers (deploy/containers.py): Podman's Docker API and Debian's
+docker-compose run docker-compose.yml and docker-compose.tls.yml with images built offline from
+deploy/Dockerfile on a debootstrapped Debian base. Needs root; installs podman and debootstrap
+when missing. The images are built once for both stacks and stay cached in Podman's storage.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deploy import containers
+from deploy.containers import FAULT_RUN, KILL_ROUND, Podman, Stack, demo, ensure_tools, prepare_images
+from deploy.image_requirements import requirements
+from deploy.smoke import DeploymentError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _print(title: str, data: dict) -> None:
+    print(f"\n{title}: {json.dumps(data, default=str)}")
+
+
+# ------------------------------------------------------------------------------ fast, no Podman
+def test_image_requirements_drop_ray_and_can_swap_torch():
+    pinned = requirements(REPO / "pyproject.toml")
+    assert "flwr==1.42.*" in pinned and not any("simulation" in r for r in pinned)
+    assert "torch==2.14.1" in pinned and "torchvision==0.29.1" in pinned
+    swapped = requirements(REPO / "pyproject.toml", "torch==2.13.0+cpu torchvision==0.28.0")
+    assert [r for r in swapped if r.startswith("torch")] == [
+        "torchmetrics>=1.4",
+        "torch==2.13.0+cpu",
+        "torchvision==0.28.0",
+    ]
+    assert len(swapped) == len(pinned)
+
+
+def test_a_third_party_overlay_copies_party_one(tmp_path):
+    stack = Stack(Podman(tmp_path), torch="", parties=3, workdir=tmp_path)  # starts nothing: `compose config` only
+    services = stack.services
+    assert {"supernode-2", "superexec-clientapp-2"} <= set(services)
+    command = services["supernode-2"]["command"]
+    assert "partition-id=2 num-partitions=3 data-dir='/data'" in command
+    assert all("num-partitions=3" in " ".join(services[f"supernode-{i}"]["command"]) for i in range(3))
+    assert "supernode-2:9094" in services["superexec-clientapp-2"]["command"]
+    assert "party-2-data:/data:ro" in services["superexec-clientapp-2"]["volumes"]
+    assert stack.config["volumes"]["party-2-data"]["name"] == "fedsmix-party-2-data"
+    assert services["superexec-clientapp-2"]["build"]["args"]["BASE_IMAGE"] == containers.BASE_IMAGE
+    assert services["supernode-2"]["image"] == f"{containers.STANDIN}/supernode:1.42.0"
+    assert services["superlink"]["ports"][0]["published"] in (stack.port, str(stack.port))
+
+
+def test_torchvision_is_pinned_to_the_release_that_admits_the_chosen_torch(tmp_path, monkeypatch):
+    import zipfile
+
+    for version, needs in (("0.28.0", "torch (==2.13.0)"), ("0.29.1", "torch (>=2.14.0)")):
+        with zipfile.ZipFile(tmp_path / f"torchvision-{version}-cp311-cp311-manylinux_2_28_x86_64.whl", "w") as wheel:
+            wheel.writestr(f"torchvision-{version}.dist-info/METADATA", f"Name: torchvision\nRequires-Dist: {needs}\n")
+    monkeypatch.setattr(containers, "WHEELS", tmp_path)
+    assert containers._torchvision_for("2.13.0+cpu") == "0.28.0"
+    assert containers._torchvision_for("2.14.1") == "0.29.1"
+    assert containers._torchvision_for("2.12.0") is None
+
+
+def test_compose_limits_parse_to_what_podman_reports():
+    assert containers._bytes("512M") == 512 * 2**20 and containers._bytes("4G") == 4 * 2**30
+    assert containers._bytes("1073741824") == 2**30
+
+
+# ----------------------------------------------------------------------------- slow, Podman
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.fail("the container test needs root (rootful Podman); CI runs as root")
+    ensure_tools()
+    with Podman(tmp_path_factory.mktemp("podman")) as service:
+        yield service
+    assert not service.service_alive()
+    sockets = subprocess.run(["pgrep", "-f", str(service.socket)], capture_output=True, text=True).stdout.split()
+    assert sockets == [], f"podman service for {service.socket} still running: {sockets}"
+
+
+@pytest.fixture(scope="module")
+def images(podman):
+    info = prepare_images(podman)
+    info["storage-bytes"] = podman.storage_bytes()
+    _print("images", info)
+    return info
+
+
+def _demo(podman, images, tmp_path, tls: bool) -> dict:
+    """deploy.containers.demo: up, run, its checks (health, limits, mounts, TLS), down."""
+    summary = demo(podman, images["torch"], tls=tls, workdir=tmp_path)
+    _print("TLS stack" if tls else "plain stack", {k: v for k, v in summary.items() if k != "results"})
+    assert summary["status"] == "finished:completed"
+    assert summary["problems"] == []
+    assert summary["leftovers"] == []
+    # check_demo read results.json and the upload store from the runs volume while it existed;
+    # `docker-compose down -v` has removed it since
+    assert summary["results"]["run-dir"].startswith(summary["runs-volume"] + "/")
+    assert not Path(summary["runs-volume"]).exists()
+    return summary
+
+
+@pytest.mark.slow
+@pytest.mark.sim
+@pytest.mark.timeout(2400)
+def test_plain_stack_runs_the_demo_and_survives_a_killed_supernode(podman, images, tmp_path):
+    summary = _demo(podman, images, tmp_path, tls=False)
+    strategies = summary["results"]["strategies"]
+    assert set(strategies["mixup-union"]["parties"]) == {"0", "1", "2"}
+    prox = strategies["fedprox"]
+    assert [p["round"] for p in prox["curve"]] == list(range(FAULT_RUN["rounds"] + 1))
+    first = prox["dropped"][0]
+    assert {d["party"] for d in prox["dropped"]} == {2} and first["round"] == KILL_ROUND
+    assert "Node Unavailable" in first["reason"]
+    dropped_at = dt.datetime.strptime(first["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    assert dropped_at.timestamp() >= int(summary["killed-at"])
+
+
+@pytest.mark.slow
+@pytest.mark.sim
+@pytest.mark.timeout(2400)
+def test_tls_stack_runs_the_demo_and_refuses_an_unregistered_supernode(podman, images, tmp_path):
+    summary = _demo(podman, images, tmp_path, tls=True)
+    assert summary["dropped"] in (None, [])
+    connection = (tmp_path / "flwr-home" / "config.toml").read_text()  # what `flwr run` used: the CA, no insecure
+    assert "root-certificates" in connection and "insecure" not in connection
+
+
+@pytest.mark.slow
+@pytest.mark.sim
+@pytest.mark.timeout(2400)
+def test_a_stack_that_fails_to_come_up_leaves_nothing_behind(podman, images, tmp_path):
+    stack = Stack(podman, images["torch"], workdir=tmp_path, up_timeout=3)
+    with pytest.raises((DeploymentError, subprocess.TimeoutExpired)):
+        with stack:
+            pass
+    assert stack.leftovers() == []
+    assert stack.containers() == {}
