@@ -1,0 +1,75 @@
+"""Every central-trainer candidate on the same uploads: the parties' pooled validation accuracy (what the
+honest selection sees) beside the clean test accuracy (what it must never see). docs/utility.md.
+
+    python benchmarks/trainer_selection.py --taus 1e-2,1e-3,1e-4,1e-6 --epochs 2
+
+Uploads are made exactly as a run makes them (`prepare_upload`, every party its whole partition);
+the candidates are fit on the union less `validation-fraction` of every party's rows, as
+`central.train_union` does, and scored by each party on the clean samples its held-out rows encode.
+Writes benchmarks/results/trainer-selection.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from common import DATA_DIR, write
+
+from fedsmix import central
+from fedsmix import data as datalib
+from fedsmix.config import load_settings
+from fedsmix.party import prepare_upload
+from fedsmix.space import load_test, mixing_shape
+
+
+def measure(preset: str, tau: float, parties: int, epochs: int, overrides: dict) -> dict:
+    s = load_settings({"preset": preset, "data-dir": DATA_DIR, "tau": tau, "epochs": epochs, "device": "cpu",
+                       "trainer": "auto", **overrides})
+    t0 = time.perf_counter()
+    ups = [prepare_upload(s, p, parties) for p in range(parties)]
+    x = np.concatenate([u.arrays["x"] for u in ups])
+    y = np.concatenate([u.arrays["y"] for u in ups])
+    rows = np.concatenate([np.full(len(u.arrays["y"]), p) for p, u in enumerate(ups)])
+    shape, num_classes = mixing_shape(s), datalib.dataset_spec(s).num_classes
+    union = central.Union(torch.from_numpy(x), y, rows,
+                          *central.union_statistics([u.metrics for u in ups], int(np.prod(shape)), s.encoder))
+    held = central.validation_rows(s, rows)
+    names = central.candidate_names(s)
+    fitted = central.fit(s, union.subset(np.setdiff1d(np.arange(len(y)), held)), shape, num_classes, "cpu", names,
+                         public=central.server_public(s))
+    offsets = np.cumsum([0] + [len(u.arrays["y"]) for u in ups])
+    scores = {}
+    for p, u in enumerate(ups):  # a party scores on the clean samples its held-out rows encode
+        mine = held[(held >= offsets[p]) & (held < offsets[p + 1])] - offsets[p]
+        scores[p] = central.score_models(fitted.models, u.partition.x[mine], u.partition.labels[mine])
+    chosen, validation = central.select(scores, names)
+    test = load_test(s)
+    accuracy = {n: central.test_accuracy(m, test, "cpu")["accuracy"] for n, m in fitted.models.items()}
+    record = {"tau": tau, "r": float(np.mean([u.metrics["radius"] for u in ups])), "noise_var": union.noise_var,
+              "mix_scale": union.mix_scale, "selected": chosen, "val": validation, "test": accuracy,
+              "seconds": time.perf_counter() - t0}
+    print(f"tau={tau:g} r={record['r']:.0f} selected={chosen} (val {validation[chosen]:.3f}, test "
+          f"{accuracy[chosen]:.3f}); best test {max(accuracy, key=accuracy.get)} {max(accuracy.values()):.3f}",
+          flush=True)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="configs/table4-cifar10.yaml")
+    parser.add_argument("--taus", default="1e-2,1e-3,1e-4,1e-6")
+    parser.add_argument("--parties", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--image-size", type=int, default=0, help="backbone input size (0: the preset's)")
+    args = parser.parse_args()
+    overrides = {"image-size": args.image_size} if args.image_size else {}
+    records = [measure(args.preset, float(t), args.parties, args.epochs, overrides) for t in args.taus.split(",")]
+    write("trainer-selection", {"preset": args.preset, "parties": args.parties, "epochs": args.epochs,
+                                       "records": records})
+
+
+if __name__ == "__main__":
+    main()
