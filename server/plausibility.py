@@ -132,6 +132,23 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
 def check_upload(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:
     """The upload's own checks; raise Implausible at the first that fails."""
     party = evidence.party
+    if settings.encoder != "mixcon":  # h(x) has no calibration to report: its labels and the cross-party checks
+        check_report(party, metrics, settings)
+    if bad := label_violations(y, settings):
+        raise Implausible(party, "labels", f"{bad} of {len(y)} soft-label rows cannot come from {settings.encoder}")
+    if evidence.expected is not None:
+        ratio = evidence.energy / evidence.expected
+        if not 1 / ENERGY_FACTOR <= ratio <= ENERGY_FACTOR:
+            raise Implausible(
+                party,
+                "energy",
+                f"mean squared row norm (centred) {evidence.energy:.4g} is {ratio:.3g}x what its report predicts "
+                f"({evidence.expected:.4g} from V, r and alpha)",
+            )
+
+
+def check_report(party: int, metrics: dict, settings: Settings) -> None:
+    """The party's reported calibration against the run's settings and Theorem 4.2."""
     if missing := [k for k in REPORTED if k not in metrics]:
         raise Implausible(party, "report", f"does not report {', '.join(missing)}")
     alpha, tau, radius = (float(metrics.get(k, math.nan)) for k in ("alpha", "tau", "radius"))
@@ -154,17 +171,6 @@ def check_upload(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Set
     if settings.encoder == "singularized" and settings.radius_mode == "fixed":
         if not math.isclose(radius, settings.radius, rel_tol=1e-6):
             raise Implausible(party, "report", f"reports r {radius:.4g}; the run's fixed radius is {settings.radius:g}")
-    if bad := label_violations(y, settings):
-        raise Implausible(party, "labels", f"{bad} of {len(y)} soft-label rows cannot come from {settings.encoder}")
-    if evidence.expected is not None:
-        ratio = evidence.energy / evidence.expected
-        if not 1 / ENERGY_FACTOR <= ratio <= ENERGY_FACTOR:
-            raise Implausible(
-                party,
-                "energy",
-                f"mean squared row norm (centred) {evidence.energy:.4g} is {ratio:.3g}x what its report predicts "
-                f"({evidence.expected:.4g} from V, r and alpha)",
-            )
 
 
 def label_violations(y: np.ndarray, settings: Settings) -> int:
@@ -176,7 +182,7 @@ def label_violations(y: np.ndarray, settings: Settings) -> int:
         low, high = 1 - settings.alpha - LABEL_TOLERANCE, settings.alpha + LABEL_TOLERANCE
         weight_ok = ((y >= low) & (y <= high)) | (y >= 1 - LABEL_TOLERANCE) | ~nonzero
         return int(((count > 2) | ~weight_ok.all(axis=1)).sum())
-    if settings.encoder == "none":
+    if settings.encoder in ("none", "mixcon"):  # one-hot labels
         return int(((count != 1) | (y.max(axis=1) < 1 - LABEL_TOLERANCE)).sum())
     most = 2 if settings.encoder == "instahide-cross" else settings.mix_k
     return int((count > most).sum())

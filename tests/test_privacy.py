@@ -24,6 +24,8 @@ AGREED_METRICS = {
     "snr-bound",
     "snr-empirical",
     "encode-seconds",
+    "calibration-variance",  # V_eff of the chosen calibration (V for the scalar one)
+    "screened-fraction",  # the share of encodings the party's post-processing screen dropped
 }
 
 
