@@ -46,11 +46,14 @@ def quarantined(result: dict) -> list[tuple[int, str]]:
     return [(q["party"], q["check"]) for q in mix["quarantined"]]
 
 
-@pytest.mark.parametrize(("kind", "check"), [("scale", "energy"), ("garbage", "labels-vs-inputs"),
-                                             ("label-flip", "labels-vs-inputs")])
-def test_the_dishonest_party_is_quarantined_and_the_run_goes_on(runs, kind, check):
+# garbage: either of the two checks made for it (docs/robustness.md); with three parties the party's own
+# shortfall widens the parties' spread, so labels-vs-inputs abstains and structure decides
+@pytest.mark.parametrize(("kind", "checks"), [("scale", {"energy"}), ("garbage", {"labels-vs-inputs", "structure"}),
+                                              ("label-flip", {"labels-vs-inputs"})])
+def test_the_dishonest_party_is_quarantined_and_the_run_goes_on(runs, kind, checks):
     result = runs[kind]
-    assert quarantined(result) == [(BAD, check)]
+    [(party, check)] = quarantined(result)
+    assert party == BAD and check in checks
     mix = result["strategies"]["mixup-union"]
     assert sorted(mix["parties"]) == ["0", "1"] and mix["parties-used"] == 2  # honest parties all used
     assert mix["quarantined"][0]["node"] in {int(n) for n in mix["bytes-up-per-node"]}  # its node named too
