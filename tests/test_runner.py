@@ -209,3 +209,19 @@ def test_the_crossover_is_the_smallest_bound_that_beats_local_only_by_three_poin
     assert "mixup-union trainer=auto, 10 parties" in line and "smallest effective bound 0.01" in line
     rows[1:] = [{**r, "accuracy": 0.41} for r in rows[1:]]
     assert "never" in crossovers(rows)[1]
+
+
+def test_the_cost_table_names_the_candidate_auto_chose(tiny_preset, tmp_path, monkeypatch):
+    """A `trainer` axis must not hide what `trainer: auto` picked in each cell."""
+    plan = grid_plan.make_plan(str(tiny_preset), axes={"parties": [2], "radius-mode": ["theorem"], "trainer": ["auto"]})
+
+    def chosen(overrides, parties, engine, runs_dir):
+        mix = {"trainer": "lda@10", "parties": {"0": {"radius": 1.0}}}
+        return {"run-dir": str(runs_dir), "strategies": {
+            s: {"accuracy": 0.5, **(mix if s == "mixup-union" else {})} for s in overrides["strategies"].split(",")}}
+
+    monkeypatch.setattr(grid_run, "run_cell", chosen)
+    GridRun(plan, tmp_path, engine="direct").run()
+    rows = {r["strategy"]: r for r in csv.DictReader((tmp_path / "table.csv").open())}
+    assert rows["mixup-union"]["trainer"] == "auto" and rows["mixup-union"]["trainer-chosen"] == "lda@10"
+    assert "| lda@10 |" in (tmp_path / "table.md").read_text()

@@ -149,7 +149,7 @@ def markdown(plan: GridPlan, rows: list[dict[str, Any]]) -> str:
                 r["label"],
                 _pct(r.get("accuracy")),
                 (r.get("radius-mode") or "-") if r["strategy"] == "mixup-union" else "-",
-                r.get("trainer") or "-",
+                r.get("trainer-chosen") or "-",
                 _pct(r.get("returned-mean-accuracy")),
                 _sci(r.get("snr-bound-max")),
                 _sci(r.get("snr-empirical-mean")),

@@ -178,6 +178,7 @@ class GridRun:
                         "cell": cell.id,
                         "parties": cell.parties,
                         **cell.overrides(),
+                        "trainer-chosen": summary.get("trainer"),  # the cell's `trainer` axis would hide it
                         "strategy": strategy,
                         "label": report.label(cell, strategy, self.plan.table_rows),
                         "reused-from": "" if summary["cell"] == cell.id else summary["cell"],
