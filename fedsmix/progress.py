@@ -169,20 +169,23 @@ class Progress:
     def epochs(self, total: int, phase: str = "training", **fields: Any) -> Callable[..., None]:
         """An epoch reporter `report(epoch, loss, accuracy=None)`: loss, elapsed, ETA; throttled to one
         line per `interval` seconds (the first and last epoch, and epochs with an accuracy, always)."""
-        t0, state = time.monotonic(), {"first": None, "printed": None}
+        t0, state = time.monotonic(), {"first": None, "printed": None, "t-first": None}
 
         def report(epoch: int, loss: float, accuracy: float | None = None) -> None:
             now = time.monotonic()
-            if state["first"] is None:
-                state["first"] = epoch - 1  # a resumed run starts past epoch 0
-            done = epoch - state["first"]
-            elapsed = now - t0
+            if state["first"] is None:  # a resumed run starts past epoch 0
+                state["first"], state["t-first"], state["t-one"] = epoch, now, now - t0
+            # the reporter may be made long before its first epoch starts (a selection runs first): time
+            # per epoch from the epochs after the first, the first one's from the reporter's creation
+            since = epoch - state["first"]
+            per_epoch = (now - state["t-first"]) / since if since > 0 else state["t-one"]
+            elapsed = now - state["t-first"] + per_epoch
             due = (state["printed"] is None or epoch >= total or accuracy is not None
                    or now - state["printed"] >= self.interval)
             if not due:
                 return
             state["printed"] = now
-            eta = elapsed / done * (total - epoch) if done > 0 else None
+            eta = per_epoch * (total - epoch)
             self.emit("epoch", phase=phase, epoch=epoch, epochs=total, loss=float(loss), elapsed=round(elapsed, 3),
                       eta=None if eta is None else round(eta, 3),
                       **({"accuracy": accuracy} if accuracy is not None else {}), **fields)

@@ -39,6 +39,18 @@ def test_epoch_lines_are_throttled_and_carry_loss_eta_and_accuracy(tmp_path):
     assert [e["epoch"] for e in read_events(tmp_path / "every.jsonl")] == [3, 4, 5]
 
 
+def test_eta_follows_the_epochs_pace_not_the_wait_before_them(tmp_path, monkeypatch):
+    """A reporter made before a 20-minute selection: the final fit's 10 s epochs give a 10 s-per-epoch ETA."""
+    now = {"t": 0.0}
+    monkeypatch.setattr("fedsmix.progress.time.monotonic", lambda: now["t"])
+    report = Progress(tmp_path / FILE, echo=False, interval=0).epochs(30, phase="central training")
+    for epoch, end in ((1, 1200.0), (2, 1210.0), (3, 1220.0)):  # made at 0, then 20 min of selection
+        now["t"] = end
+        report(epoch, 1.0)
+    last = read_events(tmp_path / FILE)[-1]
+    assert last["epoch"] == 3 and last["eta"] == pytest.approx(27 * 10.0) and last["elapsed"] == pytest.approx(30.0)
+
+
 def test_the_watchdog_fills_silences_and_names_the_last_step(tmp_path):
     progress = Progress(tmp_path / FILE, echo=False).bind(strategy="fedavg")
     progress.emit("round", round=1, rounds=3, accuracy=0.5)
