@@ -49,9 +49,11 @@ import torch
 from torch import nn
 
 from .config import Settings
+from .data import DatasetUnavailable
 from .models import new_classifier
 from .progress import SILENT, Progress
 from .seeding import generator
+from .space import public_in_space
 from .training import TrainConfig, TrainReport, evaluate, predict, train, train_config
 
 CLIP_FACTOR = 3.0  # robust-training clip: row radius bound, in medians of the union's row distances
@@ -375,9 +377,6 @@ def server_public(settings: Settings, progress: Progress = SILENT) -> torch.Tens
     """
     if not needs_public(settings):
         return None
-    from .data import DatasetUnavailable
-    from .space import public_in_space
-
     try:
         return public_in_space(settings)
     except DatasetUnavailable as error:
