@@ -306,10 +306,12 @@ class Settings(BaseModel):
     def _radius_given_when_fixed(self) -> Settings:
         if self.normalisation == "imagenet" and self.backbone != "none":
             raise ValueError("normalisation 'imagenet' applies to pixels; a backbone normalises its own inputs")
-        if self.attack_pairing == "recovered" and (self.encoder != "singularized" or self.encodings_per_sample != 1
-                                                   or self.permutation != "derangement" or self.screen != "none"):
+        instahide = self.encoder in ("instahide-inside", "instahide-cross")
+        if self.attack_pairing == "recovered" and not instahide and (
+                self.encoder != "singularized" or self.encodings_per_sample != 1
+                or self.permutation != "derangement" or self.screen != "none"):
             raise ValueError("attack-pairing 'recovered' recovers singularized mixup's derangement (one encoding per "
-                             "sample, unscreened); InstaHide's pairing is measured by server/adversary/pairing.py")
+                             "sample, unscreened) or InstaHide's membership (server/adversary/pairing.py)")
         if self.screen != "none" and self.encoder != "singularized":
             raise ValueError(f"screen {self.screen!r}: the post-processing screen applies to singularized mixup")
         if self.radius_mode == "fixed" and self.radius <= 0 and self.encoder == "singularized":

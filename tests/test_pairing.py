@@ -83,7 +83,7 @@ def test_recovered_pairing_feeds_the_attacks(mnist, one_thread):
     with pytest.raises(ValueError, match="needs a pairing attack"):
         upload_case(st, part, enc, calibration, torch.arange(4))
     with pytest.raises(SettingsError, match="attack-pairing 'recovered'"):
-        load_settings({"attack-pairing": "recovered", "encoder": "instahide-inside"})
+        load_settings({"attack-pairing": "recovered", "encoder": "mixup"})
 
 
 def test_sweep_with_recovered_pairing_names_its_threat_model(data_dir, tmp_path, one_thread):

@@ -81,6 +81,9 @@ class AbsSolve(Attack):
 
     def reconstruct(self, observation: Observation) -> torch.Tensor:
         obs = observation
+        if obs.extras.get("membership"):
+            raise ValueError("abs-solve needs the mixing matrix; a recovered InstaHide membership is overlapping "
+                             "per-encoding clusters, not one (the averaging attack reads it)")
         problem = linear_problem(obs, self.masked)
         system, y, lo, hi = problem.system, problem.y, problem.lo, problem.hi
         n = system.n

@@ -12,6 +12,9 @@ demasked first with the range-forced signs of `abs_solve.recover_signs` (the pap
 a GAN). With one encoding per sample (T = 1) x_j still appears in k encodings (once as the
 target, k - 1 times as a partner); T > 1 re-encodings add k appearances each, so the estimate
 improves with T, also against singularized mixup, whose noise is fresh in every encoding.
+Without the oracle (`attack-pairing = "recovered"`), `pairing.InstaHidePairing` supplies the
+membership: one pseudo private image per encoding (the image leading it), averaged over the
+encodings believed to contain it, with weights read off the soft labels.
 """
 
 from __future__ import annotations
@@ -37,14 +40,14 @@ class Averaging(Attack):
         m, n = system.shape
         d = y.shape[1]
         if problem.masked:
-            guess = system.mix(problem.start.expand(n, d)) + system.public_part
+            guess = system.private_mass * problem.start + system.public_part  # A applied to the constant start
             signs, _ = recover_signs(system, y.abs(), lo, hi, guess, torch.finfo(obs.x_tilde.dtype).eps)
             y = signs * y.abs()
         residual = y - system.public_part  # = A x (+ noise)
         mass = system.private_mass  # (m, 1)
         noise2 = self._noise_power(obs, system.weights)  # (m,) squared norm of the noise per row
         mu = self._mean(residual, mass, noise2, prior_mean(obs, d))
-        w2_row = system.weights.pow(2).sum(dim=1)  # (m,)
+        w2_row = system.power()  # (m,)
         spread = (residual - mass * mu).pow(2).sum(dim=1)
         V = float(((spread - noise2).mean() / w2_row.mean().clamp_min(1e-12)).clamp_min(1e-12))  # E||x - mu||^2
 

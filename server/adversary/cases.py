@@ -133,7 +133,7 @@ def upload_case(settings: Settings, part: Partition, enc: Encoded, calibration: 
     if settings.attack_pairing == "recovered":
         if pairing is None:
             raise ValueError("attack-pairing 'recovered' needs a pairing attack (server/adversary/pairing.py)")
-        obs = pairing.observation(obs, enc.y, truth=enc.sources[:, 1])
+        obs = pairing.observation(obs, enc.y, truth=enc.sources if enc.signs is not None else enc.sources[:, 1])
     return Case(
         party=part.party, observation=obs, truth=part.x[rows], rows=rows, mixed=x_tilde[rows],
         weights=enc.weights if two_image else None, perm=enc.sources[:, 1] if two_image else None,

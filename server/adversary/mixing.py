@@ -28,6 +28,11 @@ class MixingSystem:
     private_mass: torch.Tensor  # (m, 1): sum of the private weights of each row
     weights: torch.Tensor  # (m, k) private weights, 0 on public slots
     sources: torch.Tensor  # (m, k) private rows, -1 on public slots
+    row_power: torch.Tensor | None = None  # (m,) sum of squared private weights per row, where not sum(weights^2)
+
+    def power(self) -> torch.Tensor:
+        """(m,) each row's sum of squared private weights (the interference an appearance sees)."""
+        return self.weights.pow(2).sum(dim=1) if self.row_power is None else self.row_power
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -80,7 +85,11 @@ def mixing_system(obs: Observation, dtype: torch.dtype = torch.float64) -> Mixin
             slot = obs.public_sources[:, j]
             used = slot >= 0
             public_part[used] += obs.weights[used, j].to(dtype).unsqueeze(1) * flat[slot[used]].to(dtype)
-    return MixingSystem(obs.n_private, public_part, weights.sum(dim=1, keepdim=True), weights, obs.sources.clone())
+    mass, power = weights.sum(dim=1, keepdim=True), None
+    if obs.extras.get("membership"):  # recovered InstaHide membership: rows list overlapping per-encoding
+        mass = obs.extras["row-mass"].to(dtype).reshape(m, 1)  # clusters, so their weights do not add up to
+        power = obs.extras["row-power"].to(dtype).reshape(m)  # the row's; the recovery estimated both
+    return MixingSystem(obs.n_private, public_part, mass, weights, obs.sources.clone(), power)
 
 
 def flat_bounds(obs: Observation, d: int, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:

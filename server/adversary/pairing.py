@@ -454,11 +454,142 @@ def instahide_accuracy(neighbours: torch.Tensor, sources: torch.Tensor) -> tuple
     return float(hit), float(chance)
 
 
+def private_slots(params: EncoderParams) -> int:
+    """How many private images each InstaHide encoding mixes: all k inside-dataset, two cross-dataset."""
+    return 2 if params.name == "instahide-cross" else params.k
+
+
+def expected_private_mass(params: EncoderParams, draws: int = 20000) -> float:
+    """E[w1 + w2] under the encoder's weight rule (cross-dataset; 1 inside): the labels are renormalised to the
+    private images, so only the rule, which the threat model grants, says how much of x~ is private."""
+    if params.name != "instahide-cross":
+        return 1.0
+    from fedsmix.encoders.instahide import _cross_weights
+
+    w = _cross_weights(draws, params.k, params.cap, params.private_min, torch.Generator().manual_seed(0))
+    return float(w[:, :2].sum(dim=1).mean())
+
+
+@dataclass
+class Membership:
+    """Per encoding c, the encodings believed to contain c's leading private image, and its weight there.
+
+    members[c, 0] = c; -1 pads a neighbour the labels ruled out. row_mass, row_power: each encoding's
+    private mass and sum of squared private weights, estimated from its label and the encoder's rule.
+    """
+
+    members: torch.Tensor  # (m, a) long
+    weights: torch.Tensor  # (m, a) float64
+    row_mass: torch.Tensor  # (m,) float64
+    row_power: torch.Tensor  # (m,) float64
+    neighbours: torch.Tensor  # (m, a - 1): the ranking the members were taken from
+    seconds: float = 0.0
+
+
+class InstaHidePairing:
+    """Which encodings share a private image, and with what weight, from an InstaHide upload alone.
+
+    Carlini et al.'s first step in its simplest form: every private image appears in `appearances` =
+    private slots x T encodings (once per slot and re-encoding: a k = 4 cross-dataset encoder mixes
+    two private images per encoding, each a permutation of the party's rows). For encoding c the
+    members are c and its appearances - 1 nearest encodings by |x~| (`instahide_neighbours`), less
+    those whose soft label holds no mass on c's lead class (the class of c's label its neighbours'
+    labels share most). A member's weight is its label mass on that class where the label shows the
+    classes apart (as many classes as private slots), else the mass shared evenly among the slots it
+    stands for; cross-dataset labels are renormalised to the private images, so both are scaled by the
+    rule's expected private mass and the rest is the public pool's mean at the expected public mass.
+    `observation` turns this into the averaging attack's input, one pseudo private image per encoding
+    (the image that leads it), so the victim scored for encoding i is the private image leading i.
+    """
+
+    name = "instahide-membership"
+    threat_model = ("sees one party's InstaHide upload (x~, y~); knows the encoder (k, coefficient cap, private "
+                    "mass, encodings per sample) and, cross-dataset, the public pool; not who is mixed with whom")
+
+    def __init__(self, params: EncoderParams, use_labels: bool = True):
+        if params.name not in ("instahide-inside", "instahide-cross"):
+            raise ValueError(f"instahide pairing: encoder {params.name!r} is not InstaHide")
+        self.params, self.use_labels = params, use_labels
+        self.slots = private_slots(params)
+        self.appearances = self.slots * params.encodings_per_sample
+        self.mass = expected_private_mass(params)
+
+    def membership(self, x_tilde: torch.Tensor, y_tilde: torch.Tensor) -> Membership:
+        t0 = time.perf_counter()
+        m = len(x_tilde)
+        top = max(min(self.appearances - 1, m - 1), 0)
+        neighbours = instahide_neighbours(x_tilde, top=top) if top else torch.zeros(m, 0, dtype=torch.long)
+        y = torch.as_tensor(y_tilde).double()
+        present = y > LABEL_TOL
+        classes = present.sum(dim=1).clamp_min(1).double()
+        share = y * (classes / self.slots).clamp(max=1).unsqueeze(1)  # per class: the weight of one image of it
+        votes = present[neighbours].double().sum(dim=1) if top else torch.zeros_like(y)
+        lead = torch.where(present, votes + y, torch.full_like(y, -1.0)).argmax(dim=1)  # (m,) c's lead class
+        members = torch.cat([torch.arange(m).unsqueeze(1), neighbours], dim=1)
+        weights = share[members, lead.unsqueeze(1)] * self.mass
+        if self.use_labels:
+            consistent = present[members, lead.unsqueeze(1)]
+            members = torch.where(consistent, members, -1)
+            weights = torch.where(consistent, weights, 0.0)
+        weights = weights.clamp(max=self.params.cap)
+        row_power = (y.pow(2) * (classes / self.slots).clamp(max=1).unsqueeze(1)).sum(dim=1) * self.mass**2
+        row_mass = torch.full((m,), self.mass, dtype=torch.float64)
+        return Membership(members, weights, row_mass, row_power, neighbours, time.perf_counter() - t0)
+
+    def observation(self, obs: Observation, y_tilde: torch.Tensor, truth: torch.Tensor | None = None) -> Observation:
+        """The same upload with the recovered membership in place of the oracle's sources and weights.
+
+        Pseudo private image c is the one leading encoding c (n_private = number of encodings); row r
+        lists every c whose members include r. Reads x~, y~, the box and, cross-dataset, the public pool;
+        never the oracle's sources, weights or public_sources. `truth` (simulation only): the oracle's
+        sources, to score the ranking (extras["pairing-accuracy"]) and the members."""
+        x = obs.x_tilde.cpu()
+        m = len(x)
+        found = self.membership(x, y_tilde)
+        c = torch.arange(m).unsqueeze(1).expand_as(found.members)
+        keep = found.members >= 0
+        rows, cols, w = found.members[keep], c[keep], found.weights[keep]
+        order = torch.argsort(rows, stable=True)
+        rows, cols, w = rows[order], cols[order], w[order]
+        counts = torch.bincount(rows, minlength=m)
+        width = int(counts.max())
+        slot = torch.arange(len(rows)) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        sources = torch.full((m, width), -1, dtype=torch.long)
+        weights = torch.zeros(m, width, dtype=torch.float64)
+        sources[rows, slot], weights[rows, slot] = cols, w
+        public = public_sources = None
+        if self.params.name == "instahide-cross" and obs.public is not None:  # the rest: the pool's mean image
+            public = obs.public.reshape(len(obs.public), *obs.sample_shape).float().mean(dim=0, keepdim=True)
+            sources = torch.cat([sources, torch.full((m, 1), -1, dtype=torch.long)], dim=1)
+            weights = torch.cat([weights, torch.full((m, 1), 1 - self.mass, dtype=torch.float64)], dim=1)
+            public_sources = torch.cat([torch.full((m, width), -1, dtype=torch.long),
+                                        torch.zeros(m, 1, dtype=torch.long)], dim=1)
+        extras = {**obs.extras, "pairing": "recovered", "membership": True, "row-mass": found.row_mass,
+                  "row-power": found.row_power, "pairing-candidates": float(keep.sum(dim=1).double().mean()),
+                  "pairing-seconds": found.seconds}
+        if truth is not None:  # simulation only: how much of the membership the attacker got right
+            hit, chance = (instahide_accuracy(found.neighbours[:, :1], truth) if found.neighbours.shape[1]
+                           else (float("nan"), float("nan")))
+            lead = truth[:, 0]
+            right = ((truth[found.members.clamp_min(0)] == lead[:, None, None]).any(dim=2) & keep)[:, 1:]
+            kept = keep[:, 1:].sum()  # members other than c itself: how many are right, how many right ones found
+            extras.update({"pairing-accuracy": hit, "pairing-chance": chance,
+                           "membership-precision": float(right.sum() / kept) if kept else float("nan"),
+                           "membership-recall": float(right.sum() / (m * max(self.appearances - 1, 1)))})
+        device = obs.x_tilde.device
+        return replace(obs, n_private=m, sources=sources.to(device), weights=weights.float().to(device),
+                       public=None if public is None else public.to(device),
+                       public_sources=None if public_sources is None else public_sources.to(device), extras=extras)
+
+
 def build_pairing(settings, public: torch.Tensor, prior: GaussianPrior | None = None, device: str = "cpu",
-                  rank: int = 256) -> PairingAttack:
-    """The run's pairing attack: `pairing-score`, the encoder's rule, a prior fitted on `public`."""
+                  rank: int = 256) -> PairingAttack | InstaHidePairing:
+    """The run's pairing attack: `pairing-score`, the encoder's rule, a prior fitted on `public` (singularized);
+    InstaHide: the membership recovery, the encoder's rule only."""
     from fedsmix.party import encoder_params
 
+    if settings.encoder in ("instahide-inside", "instahide-cross"):
+        return InstaHidePairing(encoder_params(settings, 0.0))
     if prior is None and settings.pairing_score != "network":
         prior = GaussianPrior.fit(public, rank=rank)
     return PairingAttack(prior, settings.alpha, settings.mixing_weights == "fixed", score=settings.pairing_score,
