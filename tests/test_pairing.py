@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from fedsmix.config import SettingsError, load_settings
 from fedsmix.party import calibrate_party, encode_partition
-from server.adversary.cases import public_samples, upload_case, valid_bounds
+from server.adversary.cases import observation, public_samples, upload_case, valid_bounds
 from server.adversary.mmse import GaussianPrior
-from server.adversary.pairing import PairingAttack, instahide_accuracy, instahide_neighbours, label_view
+from server.adversary.pairing import (
+    InstaHidePairing,
+    PairingAttack,
+    instahide_accuracy,
+    instahide_neighbours,
+    label_view,
+)
 from server.adversary.sweep import run_sweep, victim_partition
 
 
@@ -113,3 +120,101 @@ def test_instahide_neighbours_find_shared_images_without_masks_mattering(data_di
     shuffled = enc.x[torch.randperm(len(enc), generator=torch.Generator().manual_seed(1))]
     miss, _ = instahide_accuracy(instahide_neighbours(shuffled), enc.sources)
     assert miss < hit / 2
+
+
+# ------------------------------------------------------------------ InstaHide: leakage without the oracle
+def instahide_upload(data_dir, n=40, dataset="mnist", **encoder):
+    """An InstaHide upload of n test images (inside-dataset unless `encoder` says otherwise; on MNIST the range
+    fixes the signs the mask hides, so the oracle's averaging leaks)."""
+    from fedsmix.encoders import EncoderParams, encode
+
+    settings = load_settings({"dataset": dataset, "data-dir": data_dir})
+    part = victim_partition(settings, n)
+    params = EncoderParams(**{"name": "instahide-inside", **encoder})
+    enc = encode(part.x, part.one_hot(), params, torch.Generator().manual_seed(0))
+    public_mean = public_samples(settings, part.spec)[:2000].mean(dim=0)
+    obs = observation(enc, None, bounds=valid_bounds(settings, part.spec), prior_mean=public_mean)
+    return part, params, enc, obs, public_mean
+
+
+def averaging_gain(part, obs, public_mean, rows=None):
+    from server.adversary.analysis import leakage
+    from server.adversary.averaging import Averaging
+
+    n = len(part.x)
+    estimate = Averaging().reconstruct(obs)[:n if rows is None else rows]
+    report, _ = leakage(part.x, {"averaging": estimate}, public_mean)
+    return report["attacks"]["averaging"]["gain"]["snr_db"], estimate
+
+
+def test_instahide_membership_with_exact_repeats_leaks_as_the_oracle(data_dir, one_thread):
+    """k = 1, T = 4: every encoding is a sign-masked private image repeated 4 times, so |x~| of the repeats are
+    equal, the neighbours perfect, the weights read off the labels exact: the recovered membership's averaging
+    equals the oracle's."""
+    part, params, enc, obs, public_mean = instahide_upload(data_dir, k=1, cap=1.0, encodings_per_sample=4)
+    recovered = InstaHidePairing(params).observation(obs, enc.y, truth=enc.sources)
+    assert recovered.extras["membership-precision"] == 1.0 and recovered.extras["membership-recall"] == 1.0
+    oracle_gain, oracle_x = averaging_gain(part, obs, public_mean)
+    gain, x = averaging_gain(part, recovered, public_mean)
+    assert oracle_gain > 3.0 and gain == pytest.approx(oracle_gain, abs=1e-3)
+    assert torch.allclose(x, oracle_x, atol=1e-4)
+
+
+def test_instahide_membership_weights_are_the_oracles_where_labels_tell(data_dir, one_thread):
+    """k = 2 inside-dataset: where an encoding's two images differ in class, a right member's weight is exact."""
+    part, params, enc, obs, _ = instahide_upload(data_dir, n=60, k=2, cap=0.65, encodings_per_sample=4)
+    found = InstaHidePairing(params).membership(enc.x, enc.y)
+    lead = enc.sources[:, 0]
+    members = found.members.clamp_min(0)
+    slot = enc.sources[members] == lead[:, None, None]  # (m, a, 2): where c's lead sits in each member
+    right = slot.any(dim=2) & (found.members >= 0)
+    distinct = (enc.y > 1e-4).sum(dim=1)[members] == 2
+    truth = (enc.weights[members] * slot).sum(dim=2).double()
+    named = found.lead_class == part.labels[lead]  # c's label has two classes: which is the lead's is a guess
+    check = right & distinct & named.unsqueeze(1)
+    assert check.sum() > 50 and torch.allclose(found.weights[check], truth[check], atol=1e-5)
+
+
+def test_instahide_membership_on_noise_leaks_nothing(data_dir, one_thread):
+    """Every row of x~ replaced by noise (each pixel's values permuted across the rows): the recovered
+    membership's averaging learns no more than the oracle's does from the same noise (the private mean, which
+    beats the public mean: the trivial guess), while on the real upload it leaks more."""
+    part, params, enc, obs, public_mean = instahide_upload(data_dir, n=60, k=2, cap=0.65, encodings_per_sample=4)
+    recovery = InstaHidePairing(params)
+    real, _ = averaging_gain(part, recovery.observation(obs, enc.y), public_mean)
+    flat = enc.x.reshape(len(enc), -1)
+    g = torch.Generator().manual_seed(0)
+    noise = torch.stack([col[torch.randperm(len(col), generator=g)] for col in flat.T], dim=1)
+    noisy = replace(obs, x_tilde=noise.reshape(enc.x.shape))
+    gain, _ = averaging_gain(part, recovery.observation(noisy, enc.y), public_mean)
+    mean_only, _ = averaging_gain(part, noisy, public_mean)  # the oracle on the noise: the private mean, no more
+    assert gain < mean_only + 0.5 and real > gain + 1.0
+
+
+def test_instahide_recovered_path_never_reads_the_oracle(data_dir, one_thread):
+    """attack-pairing recovered through upload_case (cases.py): the recovered observation, and the averaging on it,
+    are the same when the oracle's sources, weights and public slots are garbage; abs-solve declines it."""
+    from server.adversary.abs_solve import AbsSolve
+    from server.adversary.pairing import build_pairing
+
+    settings = load_settings({"dataset": "mnist", "data-dir": data_dir, "encoder": "instahide-cross",
+                              "encodings-per-sample": 4, "attack-pairing": "recovered"})
+    part = victim_partition(settings, 40)
+    enc, _ = encode_partition(settings, part)
+    pairing = build_pairing(settings, public_samples(settings, part.spec))
+    assert isinstance(pairing, InstaHidePairing) and pairing.appearances == 8  # 2 private slots x T = 4
+    rows = torch.arange(len(part.x))
+    case = upload_case(settings, part, enc, None, rows, pairing=pairing)
+    g = torch.Generator().manual_seed(3)
+    garbage = replace(enc, sources=torch.randint(-1, len(part.x), enc.sources.shape, generator=g),
+                      weights=torch.rand(enc.weights.shape, generator=g),
+                      public_sources=torch.randint(0, 5, enc.sources.shape, generator=g))
+    other = upload_case(settings, part, garbage, None, rows, pairing=pairing)
+    a, b = case.observation, other.observation
+    assert torch.equal(a.sources, b.sources) and torch.equal(a.weights, b.weights) and a.n_private == len(enc)
+    from server.adversary.averaging import Averaging
+
+    assert torch.equal(Averaging().reconstruct(a), Averaging().reconstruct(b))
+    assert a.extras["pairing"] == "recovered" and 0 <= a.extras["pairing-accuracy"] <= 1
+    with pytest.raises(ValueError, match="abs-solve needs the mixing matrix"):
+        AbsSolve().reconstruct(a)

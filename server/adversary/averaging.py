@@ -78,7 +78,10 @@ class Averaging(Attack):
 
     @staticmethod
     def _noise_power(obs: Observation, weights: torch.Tensor) -> torch.Tensor:
-        """Singularized mixup adds w_i2 e_i with ||e_i|| = r to every encoding; nothing else is noisy."""
+        """Singularized mixup adds w_i2 e_i with ||e_i|| = r to every encoding; a recovered InstaHide membership
+        adds the unknown public images' expected power (extras["row-noise-power"]); nothing else is noisy."""
+        extra = obs.extras.get("row-noise-power")
+        power = torch.zeros(len(weights), dtype=torch.float64) if extra is None else extra.double().cpu()
         if not obs.radius:
-            return torch.zeros(len(weights), dtype=torch.float64)
-        return (weights[:, 1] * obs.radius).pow(2)
+            return power
+        return power + (weights[:, 1] * obs.radius).pow(2)

@@ -429,9 +429,11 @@ def instahide_neighbours(x_tilde: torch.Tensor, prior: GaussianPrior | None = No
     n = len(x_tilde)
     mag = x_tilde.reshape(n, -1).double().abs()
     z = mag - mag.mean(dim=0)
-    k = min(n - 1, 64)
+    k = min(n // 4, 64)  # a few: more would remove the differences between images too (few distinct images)
     if k > 0:  # remove the leading common directions (brightness, layout), shared by all encodings alike
-        _, _, v = torch.svd_lowrank(z, q=k, niter=3)
+        with torch.random.fork_rng(devices=[]):  # the same ranking for the same upload (a seeded sketch)
+            torch.manual_seed(0)
+            _, _, v = torch.svd_lowrank(z, q=k, niter=3)
         z = z - (z @ v) @ v.T
     z = z / z.norm(dim=1, keepdim=True).clamp_min(1e-12)
     sim = z @ z.T
@@ -459,15 +461,16 @@ def private_slots(params: EncoderParams) -> int:
     return 2 if params.name == "instahide-cross" else params.k
 
 
-def expected_private_mass(params: EncoderParams, draws: int = 20000) -> float:
-    """E[w1 + w2] under the encoder's weight rule (cross-dataset; 1 inside): the labels are renormalised to the
-    private images, so only the rule, which the threat model grants, says how much of x~ is private."""
+def expected_private_mass(params: EncoderParams, draws: int = 20000) -> tuple[float, float]:
+    """(E[w1 + w2], E[sum of the public weights^2]) under the encoder's weight rule (cross-dataset; (1, 0)
+    inside): the labels are renormalised to the private images, so only the rule, which the threat model
+    grants, says how much of x~ is private, and how much public interference each encoding carries."""
     if params.name != "instahide-cross":
-        return 1.0
+        return 1.0, 0.0
     from fedsmix.encoders.instahide import _cross_weights
 
-    w = _cross_weights(draws, params.k, params.cap, params.private_min, torch.Generator().manual_seed(0))
-    return float(w[:, :2].sum(dim=1).mean())
+    w = _cross_weights(draws, params.k, params.cap, params.private_min, torch.Generator().manual_seed(0)).double()
+    return float(w[:, :2].sum(dim=1).mean()), float(w[:, 2:].pow(2).sum(dim=1).mean())
 
 
 @dataclass
@@ -483,6 +486,7 @@ class Membership:
     row_mass: torch.Tensor  # (m,) float64
     row_power: torch.Tensor  # (m,) float64
     neighbours: torch.Tensor  # (m, a - 1): the ranking the members were taken from
+    lead_class: torch.Tensor  # (m,): the class of c's label taken for c's lead image's
     seconds: float = 0.0
 
 
@@ -512,7 +516,7 @@ class InstaHidePairing:
         self.params, self.use_labels = params, use_labels
         self.slots = private_slots(params)
         self.appearances = self.slots * params.encodings_per_sample
-        self.mass = expected_private_mass(params)
+        self.mass, self.public_power = expected_private_mass(params)
 
     def membership(self, x_tilde: torch.Tensor, y_tilde: torch.Tensor) -> Membership:
         t0 = time.perf_counter()
@@ -534,7 +538,7 @@ class InstaHidePairing:
         weights = weights.clamp(max=self.params.cap)
         row_power = (y.pow(2) * (classes / self.slots).clamp(max=1).unsqueeze(1)).sum(dim=1) * self.mass**2
         row_mass = torch.full((m,), self.mass, dtype=torch.float64)
-        return Membership(members, weights, row_mass, row_power, neighbours, time.perf_counter() - t0)
+        return Membership(members, weights, row_mass, row_power, neighbours, lead, time.perf_counter() - t0)
 
     def observation(self, obs: Observation, y_tilde: torch.Tensor, truth: torch.Tensor | None = None) -> Observation:
         """The same upload with the recovered membership in place of the oracle's sources and weights.
@@ -558,15 +562,19 @@ class InstaHidePairing:
         weights = torch.zeros(m, width, dtype=torch.float64)
         sources[rows, slot], weights[rows, slot] = cols, w
         public = public_sources = None
+        interference = torch.zeros(m, dtype=torch.float64)
         if self.params.name == "instahide-cross" and obs.public is not None:  # the rest: the pool's mean image
-            public = obs.public.reshape(len(obs.public), *obs.sample_shape).float().mean(dim=0, keepdim=True)
+            pool = obs.public.reshape(len(obs.public), -1).double()
+            spread = float((pool - pool.mean(dim=0)).pow(2).sum(dim=1).mean())
+            interference += self.public_power * spread  # the unknown public images: noise to the averaging
+            public = pool.mean(dim=0).reshape(1, *obs.sample_shape).float()
             sources = torch.cat([sources, torch.full((m, 1), -1, dtype=torch.long)], dim=1)
             weights = torch.cat([weights, torch.full((m, 1), 1 - self.mass, dtype=torch.float64)], dim=1)
             public_sources = torch.cat([torch.full((m, width), -1, dtype=torch.long),
                                         torch.zeros(m, 1, dtype=torch.long)], dim=1)
         extras = {**obs.extras, "pairing": "recovered", "membership": True, "row-mass": found.row_mass,
-                  "row-power": found.row_power, "pairing-candidates": float(keep.sum(dim=1).double().mean()),
-                  "pairing-seconds": found.seconds}
+                  "row-power": found.row_power, "row-noise-power": interference,
+                  "pairing-candidates": float(keep.sum(dim=1).double().mean()), "pairing-seconds": found.seconds}
         if truth is not None:  # simulation only: how much of the membership the attacker got right
             hit, chance = (instahide_accuracy(found.neighbours[:, :1], truth) if found.neighbours.shape[1]
                            else (float("nan"), float("nan")))
