@@ -57,7 +57,7 @@ def gains(part, enc, order, settings) -> dict:
     # the same recovery on noise (each pixel's values permuted across the rows): what the private mean alone gives
     g = torch.Generator().manual_seed(0)
     flat = shuffled.x_tilde.reshape(len(order), -1)
-    noise = torch.stack([col[torch.randperm(len(col), generator=g)] for col in flat.T], dim=1)
+    noise = flat.gather(0, torch.rand(flat.shape, generator=g).argsort(dim=0))
     noisy = recovery.observation(replace(shuffled, x_tilde=noise.reshape(shuffled.x_tilde.shape)), enc.y[order])
     by_noise = attack.reconstruct(noisy)[first]
     report, _ = leakage(part.x, {"oracle": by_oracle, "recovered": by_recovery, "noise": by_noise}, public_mean)

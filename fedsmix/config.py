@@ -20,6 +20,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = ("mixup-union", "local-only", "fedavg", "fedprox", "centralized")
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-imagenet")
 ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none", "mixcon")
+INSTAHIDE = ("instahide-inside", "instahide-cross")  # the sign-masked encoders
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
 TRAINERS = ("auto", "mlp", "mlp-recal", "ridge", "ridge-eiv", "lda", "lda-public")
 ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient", "gradient-realistic", "inversion",
@@ -306,7 +307,7 @@ class Settings(BaseModel):
     def _radius_given_when_fixed(self) -> Settings:
         if self.normalisation == "imagenet" and self.backbone != "none":
             raise ValueError("normalisation 'imagenet' applies to pixels; a backbone normalises its own inputs")
-        instahide = self.encoder in ("instahide-inside", "instahide-cross")
+        instahide = self.encoder in INSTAHIDE
         if self.attack_pairing == "recovered" and not instahide and (
                 self.encoder != "singularized" or self.encodings_per_sample != 1
                 or self.permutation != "derangement" or self.screen != "none"):

@@ -169,7 +169,7 @@ class Progress:
     def epochs(self, total: int, phase: str = "training", **fields: Any) -> Callable[..., None]:
         """An epoch reporter `report(epoch, loss, accuracy=None)`: loss, elapsed, ETA; throttled to one
         line per `interval` seconds (the first and last epoch, and epochs with an accuracy, always)."""
-        t0, state = time.monotonic(), {"first": None, "printed": None, "t-first": None}
+        t0, state = time.monotonic(), {"first": None, "printed": None, "t-first": None, "t-one": None}
 
         def report(epoch: int, loss: float, accuracy: float | None = None) -> None:
             now = time.monotonic()
@@ -187,7 +187,7 @@ class Progress:
             state["printed"] = now
             eta = per_epoch * (total - epoch)
             self.emit("epoch", phase=phase, epoch=epoch, epochs=total, loss=float(loss), elapsed=round(elapsed, 3),
-                      eta=None if eta is None else round(eta, 3),
+                      eta=round(eta, 3),
                       **({"accuracy": accuracy} if accuracy is not None else {}), **fields)
 
         return report

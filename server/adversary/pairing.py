@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fedsmix.config import INSTAHIDE
 from fedsmix.encoders import EncoderParams, encode
 from fedsmix.seeding import derive_seed, generator
 
@@ -511,7 +512,7 @@ class InstaHidePairing:
                     "mass, encodings per sample) and, cross-dataset, the public pool; not who is mixed with whom")
 
     def __init__(self, params: EncoderParams, use_labels: bool = True):
-        if params.name not in ("instahide-inside", "instahide-cross"):
+        if params.name not in INSTAHIDE:
             raise ValueError(f"instahide pairing: encoder {params.name!r} is not InstaHide")
         self.params, self.use_labels = params, use_labels
         self.slots = private_slots(params)
@@ -596,7 +597,7 @@ def build_pairing(settings, public: torch.Tensor, prior: GaussianPrior | None = 
     InstaHide: the membership recovery, the encoder's rule only."""
     from fedsmix.party import encoder_params
 
-    if settings.encoder in ("instahide-inside", "instahide-cross"):
+    if settings.encoder in INSTAHIDE:
         return InstaHidePairing(encoder_params(settings, 0.0))
     if prior is None and settings.pairing_score != "network":
         prior = GaussianPrior.fit(public, rank=rank)
