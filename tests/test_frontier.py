@@ -36,6 +36,30 @@ def test_bad_plans_fail_naming_the_key(overrides, hint):
         load_plan("configs/frontier-tiny.yaml", overrides)
 
 
+def test_feature_space_rows_take_the_plans_feature_settings(runs_dir):
+    base = load_settings(preset="configs/frontier-cifar10.yaml")
+    features = {"backbone": "efficientnet-lite0", "image-size": 64, "trainer": "auto"}
+    row = parse_row("singularized-tau1e-3-features")
+    settings = row.settings(base, Path(runs_dir), features=features)
+    assert row.space == "features" and not row.defended
+    assert (settings.backbone, settings.image_size, settings.trainer, settings.tau) == (
+        "efficientnet-lite0", 64, "auto", 1e-3)
+    assert settings.radius_mode == "theorem" and settings.train_subset == base.train_subset  # same partitions
+    mapped = parse_row("singularized-pixelmapped-tau1e-2").settings(base, Path(runs_dir), features=features)
+    assert mapped.radius_mode == "pixel-mapped" and mapped.backbone == "efficientnet-lite0"
+    assert parse_row("fedavg-features").strategy == "fedavg" and not parse_row("fedavg-features").defended
+    assert parse_row("fedavg").space == "pixels" and parse_row("fedavg-prune0.9").defended
+    with pytest.raises(SettingsError, match="frontier.features"):  # no feature settings: the error says where
+        row.settings(base, Path(runs_dir))
+
+
+@pytest.mark.parametrize("name", ["fedavg-prune0.9-features", "mixup-k2-features", "mixcon-l0-features",
+                                  "singularized-tau1e-2-features-features", "singularized-pixelmapped-tau0"])
+def test_rows_without_a_feature_space_form_are_refused(name):
+    with pytest.raises(SettingsError, match="frontier.rows"):
+        parse_row(name)
+
+
 def test_cli_reports_a_bad_plan_without_running(capsys):
     assert main(["frontier", "--preset", "configs/frontier-tiny.yaml", "--plan", "rows=nonsense"]) == 2
     assert "frontier.rows" in capsys.readouterr().err
@@ -82,8 +106,43 @@ def test_tiny_frontier_writes_table_csv_and_plot(runs_dir):
         ("singularized-tau1e-2", "2"),
     ]
     markdown = (run_dir / "frontier.md").read_text()
-    assert "| strategy | test acc % |" in markdown and all(f"| {name} |" in markdown for name in rows)
+    assert "| strategy | space | test acc % |" in markdown and all(f"| {name} |" in markdown for name in rows)
     saved = json.loads((run_dir / "frontier.json").read_text())
     assert len(saved["records"]) == 3 and saved["plan"]["rows"] == rows
     for record in saved["records"]:  # every row is a real run with its own results.json and stored uploads
         assert (Path(record["run_dir"]) / "results.json").is_file()
+
+
+@pytest.mark.sim
+def test_feature_rows_join_the_frontier_in_their_own_space(runs_dir, tmp_path):
+    """Pixel and feature-space rows on the same partitions: the feature rows are attacked in feature space (the
+    linear/MMSE attacks), their records say so, and dominance never compares gains across spaces."""
+    import torch
+    import torchvision
+
+    from commands.frontier.run import run_frontier
+
+    torch.manual_seed(0)
+    weights = tmp_path / "resnet18-random.pth"
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), weights)
+    features = {"backbone": "resnet18", "weights-path": str(weights), "image-size": 16, "public-size": 200,
+                "feature-cache-dir": str(tmp_path / "features")}
+    rows = ["local-only", "singularized-tau1e-2", "local-only-features", "singularized-tau1-features",
+            "singularized-pixelmapped-tau1e-2"]
+    summary = run_frontier("configs/frontier-tiny.yaml", {"runs-dir": runs_dir},
+                           {"rows": ",".join(rows), "features": features, "reencoding": "1"})
+    records = {r["strategy"]: r for r in summary["records"]}
+    assert [records[name]["space"] for name in rows] == ["pixels", "pixels", "features", "features", "features"]
+    for name in rows:
+        assert 0 <= records[name]["accuracy"] <= 1 and not records[name]["error"], name
+    assert records["singularized-tau1-features"]["attack"] in ("linear", "mmse")
+    assert records["singularized-tau1-features"]["gain_snr_db"] > 1  # tau = 1 leaks its features
+    attacked = {a["attack"] for a in summary["attacks"] if a["strategy"] == "singularized-pixelmapped-tau1e-2"}
+    assert {"linear", "mmse"} <= attacked
+    for record in summary["records"]:  # a row is dominated only by rows of its own space
+        for other in record["dominated_by"].split():
+            assert records[other]["space"] == record["space"], (record["strategy"], other)
+    mapped = json.loads((Path(records["singularized-pixelmapped-tau1e-2"]["run_dir"]) / "results.json").read_text())
+    assert mapped["settings"]["radius-mode"] == "pixel-mapped" and mapped["settings"]["backbone"] == "resnet18"
+    assert {r["space"] for r in summary["reencoding"]} == {"pixels", "features"}
+    assert "| singularized-tau1-features | features |" in (Path(summary["run-dir"]) / "frontier.md").read_text()

@@ -12,6 +12,13 @@ carry defences (issue 16), each a dash-joined suffix, any combination:
     fedavg-dpclient-eps8       DP-FedAvg, client-side clipping (Flower's fixedclipping_mod)
     fedavg-dpsgd-eps8          per-party DP-SGD (Opacus), epsilon 8
     fedavg-groupnorm           the GroupNorm model the DP rows train, without DP (what GroupNorm costs)
+
+Rows of the feature-space pipeline (the paper's Table 4: a public backbone's features, a head on top) sit
+on the same partitions: `local-only`, `fedavg`, `fedprox` and `singularized-tau<TAU>` followed by
+`-features` run with the preset's `frontier.features` settings (backbone, image size, trainer, ...);
+`singularized-pixelmapped-tau<TAU>` is the paper code's radius (`radius-mode: pixel-mapped`), which only
+exists there. Their leakage is measured in feature space, a different unit from the pixel rows' (the
+report keeps a `space` column and never ranks rows of different spaces against each other).
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ ROW_FORMS = (
     "local-only, fedavg, fedprox, mixup-k<K>, instahide-inside-k<K>, instahide-cross-k<K>, singularized-tau<TAU>, "
     "mixcon-l<LAMBDA>-b<BETA> (mixcon-l0: the vanilla split model), "
     "fedavg|fedprox followed by any of -prune<P>, -mixup-k<K>, -instahide-k<K>, -dp-eps<E>, -dpclient-eps<E>, "
-    "-dpsgd-eps<E>, -groupnorm"
+    "-dpsgd-eps<E>, -groupnorm; in feature space (frontier.features): local-only-features, fedavg-features, "
+    "fedprox-features, singularized-tau<TAU>-features, singularized-pixelmapped-tau<TAU>"
 )
+FEATURES = "-features"
 DEFENCE = re.compile(
     r"-(?:prune(?P<prune>[0-9.]+)|(?P<mix>mixup|instahide)-k(?P<k>\d+)|(?P<dp>dp|dpclient|dpsgd)-eps(?P<eps>[0-9.]+)"
     r"|(?P<groupnorm>groupnorm))(?=-|$)"
@@ -56,6 +65,7 @@ class Row:
     strategy: str  # the fedsmix strategy whose run gives accuracy, bytes and wall time
     overrides: dict = field(default_factory=dict)
     dp_fedavg_epsilon: float = 0.0  # a DP-FedAvg row's target: its noise multiplier follows from the run's size
+    features: bool = False  # a row of the feature-space pipeline: the plan's `features` settings apply
 
     @property
     def target(self) -> str:
@@ -64,11 +74,22 @@ class Row:
 
     @property
     def defended(self) -> bool:
-        return self.strategy in ("fedavg", "fedprox") and self.name != self.strategy
+        return self.strategy in ("fedavg", "fedprox") and bool(self.overrides)
 
-    def settings(self, base: Settings, runs_dir: Path, parties: int = 0) -> Settings:
+    @property
+    def space(self) -> str:
+        return "features" if self.features else "pixels"
+
+    def settings(self, base: Settings, runs_dir: Path, parties: int = 0, features: dict | None = None) -> Settings:
+        """The preset plus this row's overrides (and, for a feature-space row, the plan's `features` settings)."""
+        extra: dict[str, Any] = {}
+        if self.features:
+            if not features or features.get("backbone", "none") == "none":
+                raise SettingsError(f"frontier row {self.name}: a feature-space row needs frontier.features with "
+                                    "a backbone (e.g. features: {backbone: efficientnet-lite0, image-size: 64})")
+            extra = {k.replace("-", "_"): v for k, v in features.items()}
         settings = base.replace(strategies=(self.strategy,), run_name=self.name, runs_dir=str(runs_dir),
-                                **self.overrides)
+                                **{**extra, **self.overrides})
         if self.dp_fedavg_epsilon > 0:
             from strategies.dp_fedavg import noise_for_epsilon, sampled_per_round
 
@@ -119,6 +140,15 @@ def parse_defences(name: str, base: str) -> Row:
 
 
 def parse_row(name: str) -> Row:
+    if match := re.fullmatch(r"singularized-pixelmapped-tau([0-9.eE+-]+)", name):
+        row = parse_row(f"singularized-tau{match.group(1)}{FEATURES}")
+        return Row(name, row.strategy, {**row.overrides, "radius_mode": "pixel-mapped"}, features=True)
+    if name.endswith(FEATURES):
+        row = parse_row(name[: -len(FEATURES)])
+        if row.defended or row.features or row.overrides.get("encoder", "singularized") != "singularized":
+            raise SettingsError(f"frontier.rows: {name!r}: only local-only, fedavg, fedprox and singularized-tau<TAU> "
+                                f"have a feature-space row; forms: {ROW_FORMS}")
+        return Row(name, row.strategy, row.overrides, features=True)
     if name in ("local-only", "fedavg", "fedprox"):
         return Row(name, name)
     for base in ("fedavg", "fedprox"):
@@ -175,6 +205,9 @@ class FrontierPlan(BaseModel):
     inversion_tv: tuple[float, ...] = (1e-5, 1e-3, 1e-2, 3e-2, 1e-1)  # zeta grid, chosen on public probes
     decoder_epochs: int = Field(50, ge=1, description="the inversion decoder's epochs on the public images")
     reencoding: tuple[int, ...] = (1, 4, 16)
+    features: dict[str, Any] = Field(
+        default_factory=dict, description="settings of the feature-space rows (`-features`, `-pixelmapped-`)"
+    )
     #: attacks tried on every row they apply to (server/adversary/registry.py); the U-Net trains per
     #: radius on public data, so it joins only when named
     attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "gradient", "gradient-realistic",

@@ -29,6 +29,7 @@ SCORES = (
 PRIVACY = ("tau", "upload_k", "prune_p", "batch_mix", "dp_fedavg_epsilon", "dp_fedavg_noise", "dp_sgd_epsilon")
 COLUMNS = (
     "strategy",
+    "space",
     "accuracy",
     *PRIVACY,
     "attack",
@@ -58,17 +59,20 @@ COLUMNS = (
 
 
 def dominated_by(records: list[dict]) -> None:
-    """Mark each row with the rows that beat it on accuracy, leakage (SNR gain) and bytes at once."""
+    """Mark each row with the rows of its own space that beat it on accuracy, leakage (SNR gain) and bytes at
+    once: a gain in feature space and one in pixel space are different units, so rows of different spaces are
+    never ranked against each other."""
 
     def key(r):
         return (r["accuracy"] if r["accuracy"] is not None else -math.inf, -r["gain_snr_db"], -r["bytes_up_per_party"])
 
     for r in records:
         mine = key(r)
+        rivals = [o for o in records if o is not r and o.get("space", "pixels") == r.get("space", "pixels")]
         better = [
             o["strategy"]
-            for o in records
-            if o is not r and all(a >= b for a, b in zip(key(o), mine)) and any(a > b for a, b in zip(key(o), mine))
+            for o in rivals
+            if all(a >= b for a, b in zip(key(o), mine)) and any(a > b for a, b in zip(key(o), mine))
         ]
         r["dominated_by"] = " ".join(better)
 
@@ -82,7 +86,7 @@ def write_all(run_dir: Path, records: list[dict], attacks: list[dict], study: li
     files = [
         write_csv(run_dir / "frontier.csv", records, COLUMNS),
         write_csv(run_dir / "attacks.csv", attacks, COLUMNS),
-        write_csv(run_dir / "reencoding.csv", study, ("strategy", "encodings_per_sample") + SCORES),
+        write_csv(run_dir / "reencoding.csv", study, ("strategy", "space", "encodings_per_sample") + SCORES),
         write_csv(run_dir / "gradient-study.csv", gradient_study,
                   ("strategy", "study_batch_size", "victims", "attack", "local_steps", "round", *SCORES,
                    "attack_seconds")),
@@ -117,18 +121,20 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
         "parameters, each in its own column: tau (singularized mixup), k of an uploaded mixup/InstaHide encoding, "
         "p of gradient pruning, the batch defence and its k, DP-FedAvg's and DP-SGD's epsilon (from their "
         "accountants, at the run's delta). Time x: the row's local training time (mean party, all rounds) over "
-        "undefended FedAvg's in the same run.",
+        "undefended FedAvg's in the same run. Space: where the row's data is pooled and its leakage scored, "
+        "pixels or a public backbone's features (frontier.features); gains in different spaces are different units, "
+        "and a row is only ever dominated by rows of its own space.",
         "",
-        "| strategy | test acc % | tau | upload k | prune p | batch mix | DP-FedAvg eps | DP-SGD eps "
+        "| strategy | space | test acc % | tau | upload k | prune p | batch mix | DP-FedAvg eps | DP-SGD eps "
         "| strongest attack | SNR dB | PSNR dB | SSIM | gain SNR dB | gain PSNR dB | gain SSIM "
         "| best-image SSIM | gain vs party mean dB | bytes up/party | wall s | time x | dominated by |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in records:
         attack = r["attack"] + (f" (B={r['batch_size']}, S={r['local_steps']})" if r.get("batch_size") else "")
         lines.append(
-            f"| {r['strategy']} | {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} "
-            f"{_privacy(r)}| {attack} "
+            f"| {r['strategy']} | {r.get('space', 'pixels')} "
+            f"| {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} {_privacy(r)}| {attack} "
             f"| {_f(r['snr_db'], '.2f')} | {_f(r['psnr_db'], '.2f')} | {_f(r['ssim'], '.3f')} "
             f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['gain_ssim'], '+.3f')} "
             f"| {_f(r['best_ssim'], '.3f')} | {_f(r['gain_vs_party_mean_db'], '+.2f')} "
@@ -140,12 +146,14 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
             "",
             "## What re-encoding costs: the averaging attack against T encodings per sample",
             "",
-            "| strategy | T | SNR dB | gain SNR dB | gain vs party mean dB | SSIM | gain SSIM | best-image SSIM |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| strategy | space | T | SNR dB | gain SNR dB | gain vs party mean dB | SSIM | gain SSIM "
+            "| best-image SSIM |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in reencoding:
             lines.append(
-                f"| {r['strategy']} | {r['encodings_per_sample']} | {_f(r['snr_db'], '.2f')} "
+                f"| {r['strategy']} | {r.get('space', 'pixels')} | {r['encodings_per_sample']} "
+                f"| {_f(r['snr_db'], '.2f')} "
                 f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_vs_party_mean_db'], '+.2f')} "
                 f"| {_f(r['ssim'], '.3f')} | {_f(r['gain_ssim'], '+.3f')} | {_f(r['best_ssim'], '.3f')} |"
             )
@@ -205,39 +213,42 @@ def _family(r: dict) -> str:
 
 
 def scatter(path: Path, records: list[dict], title: str) -> None:
-    """Accuracy against leakage gain; marker area grows with the bytes a party sends."""
+    """Accuracy against leakage gain, one panel per space (pixels, features: different units) on a shared
+    accuracy axis; marker area grows with the bytes a party sends."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     points = [r for r in records if r["accuracy"] is not None]
+    names = [s for s in ("pixels", "features") if any(r.get("space", "pixels") == s for r in points)] or ["pixels"]
     biggest = max((r["bytes_up_per_party"] for r in points), default=1) or 1
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    groups: list[tuple[float, float, list[str]]] = []  # rows on (nearly) the same spot share one label
-    shown: set[str] = set()
-    for r in points:
-        x, y = r["gain_snr_db"], 100 * r["accuracy"]
-        size = 30 + 900 * math.sqrt(r["bytes_up_per_party"] / biggest)
-        family = _family(r)
-        marker, color = FAMILIES[family]
-        ax.scatter(x, y, s=size, alpha=0.55, edgecolors="black", linewidths=0.6, marker=marker, color=color,
-                   label=None if family in shown else family)
-        shown.add(family)
-        near = next((g for g in groups if abs(g[0] - x) < 0.5 and abs(g[1] - y) < 2.0), None)
-        if near:
-            near[2].append(r["strategy"])
-        else:
-            groups.append((x, y, [r["strategy"]]))
-    for x, y, names in groups:
-        ax.annotate(", ".join(names), (x, y), fontsize=8, xytext=(5, 4), textcoords="offset points")
-    ax.set_xscale("symlog", linthresh=10)  # exact recoveries reach +100 dB; keep 0-10 dB readable
-    ax.axvline(0.0, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_xlabel("leakage: strongest attack's SNR gain over the trivial guess (dB, symlog)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"{title}\nmarker area ~ sqrt(bytes sent per party); max {biggest:,.0f} B")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right", markerscale=0.5)
+    fig, axes = plt.subplots(1, len(names), figsize=(7.5 * len(names), 5), sharey=True, squeeze=False)
+    for ax, space in zip(axes[0], names):
+        groups: list[tuple[float, float, list[str]]] = []  # rows on (nearly) the same spot share one label
+        shown: set[str] = set()
+        for r in (r for r in points if r.get("space", "pixels") == space):
+            x, y = r["gain_snr_db"], 100 * r["accuracy"]
+            size = 30 + 900 * math.sqrt(r["bytes_up_per_party"] / biggest)
+            family = _family(r)
+            marker, color = FAMILIES[family]
+            ax.scatter(x, y, s=size, alpha=0.55, edgecolors="black", linewidths=0.6, marker=marker, color=color,
+                       label=None if family in shown else family)
+            shown.add(family)
+            near = next((g for g in groups if abs(g[0] - x) < 0.5 and abs(g[1] - y) < 2.0), None)
+            if near:
+                near[2].append(r["strategy"])
+            else:
+                groups.append((x, y, [r["strategy"]]))
+        for x, y, labels in groups:
+            ax.annotate(", ".join(labels), (x, y), fontsize=8, xytext=(5, 4), textcoords="offset points")
+        ax.set_xscale("symlog", linthresh=10)  # exact recoveries reach +100 dB; keep 0-10 dB readable
+        ax.axvline(0.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_xlabel(f"leakage in {space}: strongest attack's SNR gain over the trivial guess (dB, symlog)")
+        ax.set_title(f"{title} ({space})\nmarker area ~ sqrt(bytes sent per party); max {biggest:,.0f} B")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right", markerscale=0.5)
+    axes[0][0].set_ylabel("test accuracy (%)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

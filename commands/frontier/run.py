@@ -56,6 +56,26 @@ def victims(settings: Settings, party: int, num_parties: int, count: int) -> Vic
     return Victims(part, torch.arange(min(count, len(part.x))))
 
 
+@dataclass
+class Space:
+    """Where a row's attacks are scored: the victims (the same images, as pixels or as the backbone's
+    features), the public data and its mean, the data-free guess."""
+
+    vict: Victims
+    public: torch.Tensor
+    prior: torch.Tensor
+
+
+def spaces(base: Settings, rows: list[Row], row_settings: list[Settings], plan: FrontierPlan) -> dict[str, Space]:
+    """One Space per space the rows use: pixels from the preset, features from the first feature row."""
+    out = {}
+    for space, settings in [("pixels", base)] + [(r.space, s) for r, s in zip(rows, row_settings) if r.features][:1]:
+        vict = victims(settings, plan.victim_party, plan.parties, base.attack_victims)
+        public = public_samples(settings, vict.part.spec)
+        out[space] = Space(vict, public, public.mean(dim=0))
+    return out
+
+
 def to_unit_for(settings: Settings, vict: Victims):
     return None if settings.backbone != "none" else (lambda t: datalib.denormalize(t, vict.part.spec))
 
@@ -183,20 +203,21 @@ def attack_row(row: Row, settings: Settings, cases: list[Case], public: torch.Te
     return outcome
 
 
-def reencoding(rows: list[Row], row_settings: list[Settings], runs: list[dict], vict: Victims, prior: torch.Tensor,
+def reencoding(rows: list[Row], row_settings: list[Settings], runs: list[dict], where: dict[str, Space],
                plan: FrontierPlan) -> list[dict]:
     """The averaging attack against T encodings of each private sample (InstaHide re-encodes every epoch)."""
     out = []
     for row, settings, run in zip(rows, row_settings, runs):
         if row.strategy != "mixup-union" or row.target == "mixcon":  # h(x) is the same at every re-encoding
             continue
+        vict, prior = where[row.space].vict, where[row.space].prior
         to_unit = to_unit_for(settings, vict)
         attacks, _ = build_attacks(["averaging"], settings, None)
         for T in plan.reencoding:
             cases = row_cases(row, settings, run, vict, prior, plan, encodings_per_sample=T)
             outcome = attack_cases(cases, attacks, prior, to_unit)
             record = scored("averaging", outcome.summary, outcome.per_image, vict, outcome.seconds["averaging"])
-            out.append({"strategy": row.name, "encodings_per_sample": T, **record})
+            out.append({"strategy": row.name, "space": row.space, "encodings_per_sample": T, **record})
     return out
 
 
@@ -224,13 +245,15 @@ def time_overheads(records: list[dict]) -> None:
         r["time_overhead"] = mine / base if mine is not None and base else None
 
 
-def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dict], vict: Victims, public, prior,
+def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dict], where: dict[str, Space],
                    plan: FrontierPlan) -> list[dict]:
-    """The appendix's table: both gradient attackers against every FedAvg/FedProx row at each study batch size."""
+    """The appendix's table: both gradient attackers against every pixel-space FedAvg/FedProx row at each study
+    batch size."""
     out = []
     names = [n for n in ("gradient", "gradient-realistic") if n in plan.attacks]
+    vict, public, prior = where["pixels"].vict, where["pixels"].public, where["pixels"].prior
     for row, settings, run in zip(rows, row_settings, runs):
-        if row.strategy not in ("fedavg", "fedprox") or run.get("error"):
+        if row.strategy not in ("fedavg", "fedprox") or row.features or run.get("error"):
             continue
         to_unit = to_unit_for(settings, vict)
         for B in plan.gradient_study:
@@ -260,15 +283,16 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
                             "singularized mixup is measured by `fedsmix attack --set attack-pairing=recovered`")
     run_dir = new_run_dir(base.runs_dir, f"frontier-{datalib.dataset_key(base)}")
     print(f"fedsmix frontier: {len(rows)} rows, {plan.parties} parties; output in {run_dir}", flush=True)
-    row_settings = [row.settings(base, run_dir / "runs", plan.parties) for row in rows]
+    row_settings = [row.settings(base, run_dir / "runs", plan.parties, plan.features) for row in rows]
     runs = simulate_each(row_settings, plan.parties)
 
-    vict = victims(base, plan.victim_party, plan.parties, base.attack_victims)
-    public = public_samples(base, vict.part.spec)
-    prior = public.mean(dim=0)
+    where = spaces(base, rows, row_settings, plan)
+    vict = where["pixels"].vict
     records, attacks, panels, cache = [], [], {}, {}
     for row, settings, run in zip(rows, row_settings, runs):
         result = run.get("strategies", {}).get(row.strategy, {})
+        space = where[row.space]
+        vict, public, prior = space.vict, space.public, space.prior
         to_unit = to_unit_for(settings, vict)
         cases = row_cases(row, settings, run, vict, prior, plan)
         outcome = attack_row(row, settings, cases, public, prior, to_unit, plan, cache)
@@ -277,6 +301,7 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
         measured = result.get("mean-bytes-up-per-party", 0.0)
         base_record = {
             "strategy": row.name,
+            "space": row.space,
             "accuracy": result.get("accuracy"),
             # local-only parties send nothing; the simulator returns their models only to evaluate them
             "bytes_up_per_party": 0.0 if row.strategy == "local-only" else measured,
@@ -289,15 +314,17 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
         }
         records.append({**base_record, **best})
         attacks += [{**base_record, **s} for s in every]
-        panels[f"{row.name}\n{best['attack']}"] = x_hat
+        if row.space == "pixels":  # the figure shows images; feature rows' estimates are vectors
+            panels[f"{row.name}\n{best['attack']}"] = x_hat
         print(f"  {row.name}: accuracy {base_record['accuracy']}, strongest {best['attack']} "
               f"gain {best['gain_snr_db']:+.2f} dB", flush=True)
     time_overheads(records)
     for r in attacks:
         r["time_overhead"] = next(x["time_overhead"] for x in records if x["strategy"] == r["strategy"])
     report.dominated_by(records)
-    study = reencoding(rows, row_settings, runs, vict, prior, plan)
-    gstudy = gradient_study(rows, row_settings, runs, vict, public, prior, plan)
+    study = reencoding(rows, row_settings, runs, where, plan)
+    gstudy = gradient_study(rows, row_settings, runs, where, plan)
+    vict = where["pixels"].vict
     attacked_round = ("first-round update (initial model)" if plan.gradient_round == "first"
                       else f"round-{base.rounds + 1} update (the row's trained global model)")
     meta = {
