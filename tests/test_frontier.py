@@ -51,6 +51,8 @@ def test_feature_space_rows_take_the_plans_feature_settings(runs_dir):
     assert parse_row("fedavg").space == "pixels" and parse_row("fedavg-prune0.9").defended
     with pytest.raises(SettingsError, match="frontier.features"):  # no feature settings: the error says where
         row.settings(base, Path(runs_dir))
+    plan = load_plan("configs/frontier-defences-cifar10.yaml", {"features.image-size": 128})
+    assert plan.features["image-size"] == 128 and plan.features["backbone"] == "efficientnet-lite0"  # merged
 
 
 @pytest.mark.parametrize("name", ["fedavg-prune0.9-features", "mixup-k2-features", "mixcon-l0-features",

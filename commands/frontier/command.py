@@ -34,6 +34,6 @@ def register(subparsers) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="frontier section override, e.g. rows=fedavg,mixup-k2 or gradient-steps=200",
+        help="frontier section override, e.g. rows=fedavg,mixup-k2, gradient-steps=200 or features.image-size=128",
     )
     frontier.set_defaults(func=cmd_frontier)

@@ -241,12 +241,17 @@ class FrontierPlan(BaseModel):
 
 
 def load_plan(preset: str | None, overrides: dict[str, Any] | None = None) -> FrontierPlan:
-    """The preset's `frontier:` section, then explicit overrides; errors name the key."""
+    """The preset's `frontier:` section, then explicit overrides (`features.<key>` sets one feature-space
+    setting); errors name the key."""
     data: dict[str, Any] = {}
     if preset:
         raw = yaml.safe_load(resolve_preset(preset).read_text()) or {}
         data.update(raw.get("frontier") or {})
-    data.update(overrides or {})
+    for key, value in (overrides or {}).items():
+        if key.startswith("features."):  # one feature-space setting: merged into the preset's section
+            data["features"] = {**(data.get("features") or {}), key.split(".", 1)[1]: value}
+        else:
+            data[key] = value
     try:
         plan = FrontierPlan.model_validate({k.replace("_", "-"): v for k, v in data.items()})
     except ValidationError as err:

@@ -26,7 +26,7 @@ def sign_masks(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tens
     return torch.randint(0, 2, shape, generator=generator).mul_(2).sub_(1).float()
 
 
-def _cross_weights(
+def cross_weights(
     n: int, k: int, cap: float, private_min: float, generator: torch.Generator, max_rounds: int = 1000
 ) -> torch.Tensor:
     """Weights with max <= cap and the first two (private) summing to >= private_min, by rejection."""
@@ -79,7 +79,7 @@ def instahide(
             raise ValueError(f"public pool shape {tuple(public.shape[1:])} differs from private {tuple(x.shape[1:])}")
         private = mix_sources(n, 2, generator)
         pub = torch.randint(0, len(public), (n, k - 2), generator=generator)
-        weights = _cross_weights(n, k, cap, private_min, generator)
+        weights = cross_weights(n, k, cap, private_min, generator)
         mixed = weighted_sum(x, private, weights[:, :2]) + weighted_sum(public, pub, weights[:, 2:])
         private_mass = weights[:, :2].sum(dim=1, keepdim=True)
         y_enc = (weights[:, :2].unsqueeze(-1).to(y.dtype) * y[private]).sum(dim=1) / private_mass.to(y.dtype)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from fedsmix import data as datalib
-from fedsmix.config import Settings
+from fedsmix.config import INSTAHIDE, Settings
 from fedsmix.encoders import Calibration, Encoded
 from fedsmix.models import new_classifier
 from fedsmix.party import Partition, party_dp_sgd_noise, train_local
@@ -133,7 +133,8 @@ def upload_case(settings: Settings, part: Partition, enc: Encoded, calibration: 
     if settings.attack_pairing == "recovered":
         if pairing is None:
             raise ValueError("attack-pairing 'recovered' needs a pairing attack (server/adversary/pairing.py)")
-        obs = pairing.observation(obs, enc.y, truth=enc.sources if enc.signs is not None else enc.sources[:, 1])
+        instahide = settings.encoder in INSTAHIDE  # a membership of every source, not one partner
+        obs = pairing.observation(obs, enc.y, truth=enc.sources if instahide else enc.sources[:, 1])
     return Case(
         party=part.party, observation=obs, truth=part.x[rows], rows=rows, mixed=x_tilde[rows],
         weights=enc.weights if two_image else None, perm=enc.sources[:, 1] if two_image else None,

@@ -468,9 +468,9 @@ def expected_private_mass(params: EncoderParams, draws: int = 20000) -> tuple[fl
     grants, says how much of x~ is private, and how much public interference each encoding carries."""
     if params.name != "instahide-cross":
         return 1.0, 0.0
-    from fedsmix.encoders.instahide import _cross_weights
+    from fedsmix.encoders.instahide import cross_weights
 
-    w = _cross_weights(draws, params.k, params.cap, params.private_min, torch.Generator().manual_seed(0)).double()
+    w = cross_weights(draws, params.k, params.cap, params.private_min, torch.Generator().manual_seed(0)).double()
     return float(w[:, :2].sum(dim=1).mean()), float(w[:, 2:].pow(2).sum(dim=1).mean())
 
 
