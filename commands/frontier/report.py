@@ -197,7 +197,7 @@ FAMILIES = {  # marker and colour per kind of row: defences differ in kind, so e
 
 
 def _family(r: dict) -> str:
-    if r["strategy"] == "local-only":
+    if r["strategy"].startswith("local-only"):  # local-only-features too
         return "local-only"
     if r.get("tau") is not None or r.get("upload_k") is not None:
         return "upload encoding"
@@ -243,8 +243,10 @@ def scatter(path: Path, records: list[dict], title: str) -> None:
         for x, y, labels in groups:
             ax.annotate(", ".join(labels), (x, y), fontsize=8, xytext=(5, 4), textcoords="offset points")
         ax.set_xscale("symlog", linthresh=10)  # exact recoveries reach +100 dB; keep 0-10 dB readable
+        gains = [r["gain_snr_db"] for r in points if r.get("space", "pixels") == space] or [0.0]
+        ax.set_xlim(min(-1.0, min(gains) - 1.0), max(10.0, 1.3 * max(gains)))  # a few points: readable ticks
         ax.axvline(0.0, color="grey", linewidth=0.8, linestyle="--")
-        ax.set_xlabel(f"leakage in {space}: strongest attack's SNR gain over the trivial guess (dB, symlog)")
+        ax.set_xlabel(f"leakage in {space}: best attack's SNR gain over the trivial guess (dB, symlog)", fontsize=9)
         ax.set_title(f"{title} ({space})\nmarker area ~ sqrt(bytes sent per party); max {biggest:,.0f} B")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right", markerscale=0.5)
