@@ -237,11 +237,12 @@ def privacy_parameters(row: Row, settings: Settings, result: dict) -> dict:
 
 
 def time_overheads(records: list[dict]) -> None:
-    """Each FedAvg/FedProx row's local training time (mean party, all rounds) over undefended FedAvg's, same run."""
-    reference = next((r for r in records if r["strategy"] == "fedavg"), None)
-    base = reference.get("local_train_seconds") if reference else None
+    """Each FedAvg/FedProx row's local training time (mean party, all rounds) over undefended FedAvg's of its own
+    space (`fedavg`, `fedavg-features`), same run."""
     for r in records:
-        mine = r.get("local_train_seconds")
+        reference = next((o for o in records if o["strategy"] in ("fedavg", "fedavg-features")
+                          and o.get("space") == r.get("space")), None)
+        base, mine = reference.get("local_train_seconds") if reference else None, r.get("local_train_seconds")
         r["time_overhead"] = mine / base if mine is not None and base else None
 
 
@@ -271,6 +272,17 @@ def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dic
                 out.append({"strategy": row.name, "study_batch_size": B, **record})
                 print(f"  study {row.name} B={B} {name}: gain {record['gain_snr_db']:+.2f} dB", flush=True)
     return out
+
+
+def feature_budget(rows: list[Row], row_settings: list[Settings]) -> str:
+    """The feature-space rows' own budget, for the table's header ('' without such rows)."""
+    first = next((s for r, s in zip(rows, row_settings) if r.features), None)
+    if first is None:
+        return ""
+    return (f"Feature-space rows: {first.backbone} features at {first.image_size} px of the same images, head "
+            f"trained {first.epochs} epochs (batch {first.batch_size}, lr {first.lr:g}), trainer {first.trainer}, "
+            f"FedAvg/FedProx {first.rounds} rounds at client-lr {first.client_lr:g}; their leakage is scored in "
+            f"feature space (victims' and public images through the same backbone). ")
 
 
 def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dict | None = None) -> dict:
@@ -346,7 +358,7 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
             f"public images among {', '.join(f'{t:g}' for t in plan.inversion_tv)}; "
             f"its decoder {plan.decoder_epochs} epochs on the public images. Threat model for uploads: the "
             f"oracle pairing (the attacker is handed W, the pairing and r; for mixcon rows, h's weights). "
-            f"Total wall time {time.perf_counter() - t_start:.0f} s."
+            f"{feature_budget(rows, row_settings)}Total wall time {time.perf_counter() - t_start:.0f} s."
         ),
     }
     files = report.write_all(run_dir, records, attacks, study, meta, vict.x, panels, to_unit_for(base, vict),
