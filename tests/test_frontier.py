@@ -148,3 +148,19 @@ def test_feature_rows_join_the_frontier_in_their_own_space(runs_dir, tmp_path):
     assert mapped["settings"]["radius-mode"] == "pixel-mapped" and mapped["settings"]["backbone"] == "resnet18"
     assert {r["space"] for r in summary["reencoding"]} == {"pixels", "features"}
     assert "| singularized-tau1-features | features |" in (Path(summary["run-dir"]) / "frontier.md").read_text()
+
+
+def test_overheads_and_dominance_stay_within_a_space():
+    from commands.frontier.report import dominated_by
+    from commands.frontier.run import time_overheads
+
+    def rec(name, space, acc, gain, train_s):
+        return {"strategy": name, "space": space, "accuracy": acc, "gain_snr_db": gain, "bytes_up_per_party": 1.0,
+                "local_train_seconds": train_s}
+
+    records = [rec("fedavg", "pixels", 0.5, 2.0, 10.0), rec("fedavg-prune0.9", "pixels", 0.4, 3.0, 12.0),
+               rec("fedavg-features", "features", 0.9, 1.0, 2.0), rec("fedprox-features", "features", 0.8, 1.5, 3.0)]
+    time_overheads(records)
+    assert [r["time_overhead"] for r in records] == [1.0, 1.2, 1.0, 1.5]
+    dominated_by(records)  # fedavg-features beats every row on every axis, but only its own space counts
+    assert [r["dominated_by"] for r in records] == ["", "fedavg", "", "fedavg-features"]
