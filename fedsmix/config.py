@@ -325,6 +325,9 @@ class Settings(BaseModel):
             )
         if self.radius_mode == "pixel-mapped" and self.backbone == "none":
             raise ValueError("radius-mode 'pixel-mapped' needs a backbone (mixing in feature space)")
+        if self.model in ("cnn", "lenet5") and self.backbone != "none":
+            raise ValueError(f"model {self.model!r} needs images, and backbone {self.backbone!r} turns them into "
+                             "feature vectors: use model 'mlp' (or 'auto') with a backbone")
         if self.encoder in ("mixup", "instahide-inside", "instahide-cross") and self.coefficient_cap * self.mix_k < 1:
             raise ValueError(
                 f"coefficient-cap {self.coefficient_cap} x mix-k {self.mix_k} < 1: the weights cannot sum to 1"

@@ -164,3 +164,30 @@ def test_overheads_and_dominance_stay_within_a_space():
     assert [r["time_overhead"] for r in records] == [1.0, 1.2, 1.0, 1.5]
     dominated_by(records)  # fedavg-features beats every row on every axis, but only its own space counts
     assert [r["dominated_by"] for r in records] == ["", "fedavg", "", "fedavg-features"]
+
+
+def test_reuse_takes_finished_rows_with_the_same_settings_only(tmp_path):
+    """`frontier --reuse DIR`: a row runs again when its settings changed, it failed, or its global model is gone."""
+    from commands.frontier.run import reused_runs
+    from fedsmix.config import dump_settings
+
+    base = load_settings(preset="configs/frontier-tiny.yaml")
+    plan = load_plan("configs/frontier-tiny.yaml", {"gradient-round": "last"})
+    rows = [parse_row(n) for n in ("local-only", "fedavg", "fedprox", "singularized-tau1e-2", "mixup-k2")]
+    settings = [r.settings(base, tmp_path / "new") for r in rows]
+    earlier = [r.settings(base, tmp_path / "old") for r in rows]  # other runs-dir: a key that may change
+    earlier[3] = earlier[3].replace(tau=1e-3)  # the same name, another tau
+    model = tmp_path / "fedavg.pt"
+    model.write_bytes(b"weights")
+    results = {0: {}, 1: {"global-model": str(model)}, 2: {"global-model": str(tmp_path / "gone.pt")}, 3: {},
+               4: {"error": "ValueError: boom"}}
+    for i, (row, s) in enumerate(zip(rows, earlier)):
+        run = tmp_path / "old" / "runs" / f"20261126-00000{i}-{row.name}-1"
+        run.mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps(
+            {"settings": dump_settings(s), "run-dir": str(run), "strategies": {row.strategy: results[i]}}))
+    reused = reused_runs(tmp_path / "old", rows, settings, plan)
+    assert sorted(reused) == [0, 1]  # fedprox: model gone; tau changed; mixup-k2 failed
+    assert reused[1]["strategies"]["fedavg"]["global-model"] == str(model)
+    with pytest.raises(SettingsError, match="--reuse"):
+        reused_runs(tmp_path / "nowhere", rows, settings, plan)

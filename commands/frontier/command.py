@@ -17,7 +17,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     plan = parse_sets(args.plan)
     if args.parties:
         plan["parties"] = args.parties
-    summary = run_frontier(args.preset, overrides, plan)
+    summary = run_frontier(args.preset, overrides, plan, reuse=args.reuse or None)
     print(f"frontier written to {summary['run-dir']} (frontier.md, frontier.csv, frontier.png)")
     return 0
 
@@ -35,5 +35,11 @@ def register(subparsers) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="frontier section override, e.g. rows=fedavg,mixup-k2, gradient-steps=200 or features.image-size=128",
+    )
+    frontier.add_argument(
+        "--reuse",
+        default="",
+        metavar="DIR",
+        help="an earlier frontier's directory: its finished rows with the same settings are not run again",
     )
     frontier.set_defaults(func=cmd_frontier)

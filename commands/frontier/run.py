@@ -15,6 +15,7 @@ same victims, through the adversary's one registry and one attack-and-score loop
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,6 +275,36 @@ def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dic
     return out
 
 
+def reused_runs(reuse: Path, rows: list[Row], row_settings: list[Settings], plan: FrontierPlan) -> dict[int, dict]:
+    """The rows an earlier frontier (`--reuse <its directory>`) already ran with the same settings and finished,
+    by row index: their results.json. A row runs again when its settings changed (the keys are named), it
+    failed, or what its attacks replay (the trained global model) is gone."""
+    from server.resume import changed_settings
+
+    if not (reuse / "runs").is_dir():
+        raise SettingsError(f"frontier --reuse: {reuse} holds no runs/ directory of an earlier frontier")
+    earlier = {}
+    for path in sorted((reuse / "runs").glob("*/results.json")):  # time-stamped names: the latest run wins
+        results = json.loads(path.read_text())
+        earlier[results.get("settings", {}).get("run-name")] = results
+    out = {}
+    for i, (row, settings) in enumerate(zip(rows, row_settings)):
+        results = earlier.get(row.name)
+        result = (results or {}).get("strategies", {}).get(row.strategy)
+        if results is None or results.get("error") or result is None or "error" in result:
+            continue
+        changed = changed_settings(results.get("settings", {}), settings)
+        if changed:
+            print(f"  {row.name}: runs again, settings changed ({', '.join(changed)})", flush=True)
+            continue
+        model = result.get("global-model")
+        if row.strategy in ("fedavg", "fedprox") and plan.gradient_round == "last" and not (
+                model and Path(model).is_file()):
+            continue
+        out[i] = results
+    return out
+
+
 def feature_budget(rows: list[Row], row_settings: list[Settings]) -> str:
     """The feature-space rows' own budget, for the table's header ('' without such rows)."""
     first = next((s for r, s in zip(rows, row_settings) if r.features), None)
@@ -285,7 +316,8 @@ def feature_budget(rows: list[Row], row_settings: list[Settings]) -> str:
             f"feature space (victims' and public images through the same backbone). ")
 
 
-def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dict | None = None) -> dict:
+def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dict | None = None,
+                 reuse: str | Path | None = None) -> dict:
     t_start = time.perf_counter()
     base = load_settings({**(overrides or {}), "preset": preset})
     plan = load_plan(preset, plan_overrides)
@@ -296,7 +328,13 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
     run_dir = new_run_dir(base.runs_dir, f"frontier-{datalib.dataset_key(base)}")
     print(f"fedsmix frontier: {len(rows)} rows, {plan.parties} parties; output in {run_dir}", flush=True)
     row_settings = [row.settings(base, run_dir / "runs", plan.parties, plan.features) for row in rows]
-    runs = simulate_each(row_settings, plan.parties)
+    reused = reused_runs(Path(reuse).expanduser(), rows, row_settings, plan) if reuse else {}
+    if reused:
+        print(f"fedsmix frontier: reusing {len(reused)} finished row(s) of {reuse}: "
+              f"{', '.join(rows[i].name for i in reused)}", flush=True)
+    todo = [i for i in range(len(rows)) if i not in reused]
+    fresh = iter(simulate_each([row_settings[i] for i in todo], plan.parties) if todo else [])
+    runs = [reused[i] if i in reused else next(fresh) for i in range(len(rows))]
 
     where = spaces(base, rows, row_settings, plan)
     vict = where["pixels"].vict
@@ -358,7 +396,9 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
             f"public images among {', '.join(f'{t:g}' for t in plan.inversion_tv)}; "
             f"its decoder {plan.decoder_epochs} epochs on the public images. Threat model for uploads: the "
             f"oracle pairing (the attacker is handed W, the pairing and r; for mixcon rows, h's weights). "
-            f"{feature_budget(rows, row_settings)}Total wall time {time.perf_counter() - t_start:.0f} s."
+            f"{feature_budget(rows, row_settings)}"
+            f"{f'Rows reused from {reuse} (run there, same settings): {len(reused)}. ' if reused else ''}"
+            f"Total wall time {time.perf_counter() - t_start:.0f} s."
         ),
     }
     files = report.write_all(run_dir, records, attacks, study, meta, vict.x, panels, to_unit_for(base, vict),
