@@ -40,6 +40,9 @@ def test_feature_space_rows_take_the_plans_feature_settings(runs_dir):
     base = load_settings(preset="configs/frontier-cifar10.yaml")
     features = {"backbone": "efficientnet-lite0", "image-size": 64, "trainer": "auto"}
     row = parse_row("singularized-tau1e-3-features")
+    with pytest.raises(SettingsError, match="model 'cnn' needs images"):  # the preset's CNN cannot take features
+        row.settings(base, Path(runs_dir), features=features)
+    features["model"] = "mlp"
     settings = row.settings(base, Path(runs_dir), features=features)
     assert row.space == "features" and not row.defended
     assert (settings.backbone, settings.image_size, settings.trainer, settings.tau) == (
