@@ -58,6 +58,11 @@ COLUMNS = (
 )
 
 
+def _space(r: dict) -> str:
+    """Where a record's leakage was scored (records of frontiers before feature rows: pixels)."""
+    return r.get("space", "pixels")
+
+
 def dominated_by(records: list[dict]) -> None:
     """Mark each row with the rows of its own space that beat it on accuracy, leakage (SNR gain) and bytes at
     once: a gain in feature space and one in pixel space are different units, so rows of different spaces are
@@ -68,7 +73,7 @@ def dominated_by(records: list[dict]) -> None:
 
     for r in records:
         mine = key(r)
-        rivals = [o for o in records if o is not r and o.get("space", "pixels") == r.get("space", "pixels")]
+        rivals = [o for o in records if o is not r and _space(o) == _space(r)]
         better = [
             o["strategy"]
             for o in rivals
@@ -133,7 +138,7 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
     for r in records:
         attack = r["attack"] + (f" (B={r['batch_size']}, S={r['local_steps']})" if r.get("batch_size") else "")
         lines.append(
-            f"| {r['strategy']} | {r.get('space', 'pixels')} "
+            f"| {r['strategy']} | {_space(r)} "
             f"| {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} {_privacy(r)}| {attack} "
             f"| {_f(r['snr_db'], '.2f')} | {_f(r['psnr_db'], '.2f')} | {_f(r['ssim'], '.3f')} "
             f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['gain_ssim'], '+.3f')} "
@@ -152,7 +157,7 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
         ]
         for r in reencoding:
             lines.append(
-                f"| {r['strategy']} | {r.get('space', 'pixels')} | {r['encodings_per_sample']} "
+                f"| {r['strategy']} | {_space(r)} | {r['encodings_per_sample']} "
                 f"| {_f(r['snr_db'], '.2f')} "
                 f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_vs_party_mean_db'], '+.2f')} "
                 f"| {_f(r['ssim'], '.3f')} | {_f(r['gain_ssim'], '+.3f')} | {_f(r['best_ssim'], '.3f')} |"
@@ -221,13 +226,13 @@ def scatter(path: Path, records: list[dict], title: str) -> None:
     import matplotlib.pyplot as plt
 
     points = [r for r in records if r["accuracy"] is not None]
-    names = [s for s in ("pixels", "features") if any(r.get("space", "pixels") == s for r in points)] or ["pixels"]
+    names = [s for s in ("pixels", "features") if any(_space(r) == s for r in points)] or ["pixels"]
     biggest = max((r["bytes_up_per_party"] for r in points), default=1) or 1
     fig, axes = plt.subplots(1, len(names), figsize=(7.5 * len(names), 5), sharey=True, squeeze=False)
     for ax, space in zip(axes[0], names):
         groups: list[tuple[float, float, list[str]]] = []  # rows on (nearly) the same spot share one label
         shown: set[str] = set()
-        for r in (r for r in points if r.get("space", "pixels") == space):
+        for r in (r for r in points if _space(r) == space):
             x, y = r["gain_snr_db"], 100 * r["accuracy"]
             size = 30 + 900 * math.sqrt(r["bytes_up_per_party"] / biggest)
             family = _family(r)
@@ -243,7 +248,7 @@ def scatter(path: Path, records: list[dict], title: str) -> None:
         for x, y, labels in groups:
             ax.annotate(", ".join(labels), (x, y), fontsize=8, xytext=(5, 4), textcoords="offset points")
         ax.set_xscale("symlog", linthresh=10)  # exact recoveries reach +100 dB; keep 0-10 dB readable
-        gains = [r["gain_snr_db"] for r in points if r.get("space", "pixels") == space] or [0.0]
+        gains = [r["gain_snr_db"] for r in points if _space(r) == space] or [0.0]
         ax.set_xlim(min(-1.0, min(gains) - 1.0), max(10.0, 1.3 * max(gains)))  # a few points: readable ticks
         ax.axvline(0.0, color="grey", linewidth=0.8, linestyle="--")
         ax.set_xlabel(f"leakage in {space}: best attack's SNR gain over the trivial guess (dB, symlog)", fontsize=9)

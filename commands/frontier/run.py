@@ -240,11 +240,10 @@ def privacy_parameters(row: Row, settings: Settings, result: dict) -> dict:
 def time_overheads(records: list[dict]) -> None:
     """Each FedAvg/FedProx row's local training time (mean party, all rounds) over undefended FedAvg's of its own
     space (`fedavg`, `fedavg-features`), same run."""
+    base = {r["space"]: r.get("local_train_seconds") for r in records if r["strategy"] in ("fedavg", "fedavg-features")}
     for r in records:
-        reference = next((o for o in records if o["strategy"] in ("fedavg", "fedavg-features")
-                          and o.get("space") == r.get("space")), None)
-        base, mine = reference.get("local_train_seconds") if reference else None, r.get("local_train_seconds")
-        r["time_overhead"] = mine / base if mine is not None and base else None
+        mine, reference = r.get("local_train_seconds"), base.get(r["space"])
+        r["time_overhead"] = mine / reference if mine is not None and reference else None
 
 
 def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dict], where: dict[str, Space],
@@ -337,7 +336,6 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
     runs = [reused[i] if i in reused else next(fresh) for i in range(len(rows))]
 
     where = spaces(base, rows, row_settings, plan)
-    vict = where["pixels"].vict
     records, attacks, panels, cache = [], [], {}, {}
     for row, settings, run in zip(rows, row_settings, runs):
         result = run.get("strategies", {}).get(row.strategy, {})
