@@ -85,10 +85,17 @@ def test_tiny_frontier_writes_table_csv_and_plot(runs_dir):
     from commands.frontier.run import run_frontier
 
     rows = ["fedavg", "instahide-inside-k4", "singularized-tau1e-2"]
-    summary = run_frontier("configs/frontier-tiny.yaml", {"runs-dir": runs_dir}, {"rows": ",".join(rows)})
+    summary = run_frontier("configs/frontier-tiny.yaml", {"runs-dir": runs_dir},
+                           {"rows": ",".join(rows), "gradient-study": "2,4"})
     run_dir = Path(summary["run-dir"])
-    for name in ("frontier.md", "frontier.csv", "attacks.csv", "reencoding.csv", "frontier.png", "reconstructions.png"):
+    for name in ("frontier.md", "frontier.csv", "attacks.csv", "reencoding.csv", "frontier.png", "reconstructions.png",
+                 "gradient-study.csv", "gradient-study.png"):
         assert (run_dir / name).stat().st_size > 0, name
+    study = list(csv.DictReader((run_dir / "gradient-study.csv").open()))  # the FedAvg row only, both attackers
+    assert [(r["strategy"], r["study_batch_size"], r["attack"]) for r in study] == [
+        ("fedavg", "2", "gradient"), ("fedavg", "2", "gradient-realistic"),
+        ("fedavg", "4", "gradient"), ("fedavg", "4", "gradient-realistic")]
+    assert [int(r["victims"]) for r in study] == [4, 4, 4, 4]  # every study batch size on the same 4 victims
     table = list(csv.DictReader((run_dir / "frontier.csv").open()))
     assert [r["strategy"] for r in table] == rows
     for r in table:

@@ -84,9 +84,10 @@ def dominated_by(records: list[dict]) -> None:
 
 def write_all(run_dir: Path, records: list[dict], attacks: list[dict], study: list[dict], meta: dict,
               truth: torch.Tensor, panels: dict[str, torch.Tensor], to_unit,
-              gradient_study: list[dict] | None = None) -> list[str]:
-    """frontier.md, frontier.csv, attacks.csv, reencoding.csv, gradient-study.csv, frontier.png and
-    reconstructions.png."""
+              gradient_study: list[dict] | None = None, study_panels: dict[str, torch.Tensor] | None = None
+              ) -> list[str]:
+    """frontier.md, frontier.csv, attacks.csv, reencoding.csv, gradient-study.csv, frontier.png,
+    reconstructions.png and, with a gradient study, gradient-study.png (its reconstructions by batch size)."""
     gradient_study = gradient_study or []
     files = [
         write_csv(run_dir / "frontier.csv", records, COLUMNS),
@@ -99,7 +100,11 @@ def write_all(run_dir: Path, records: list[dict], attacks: list[dict], study: li
     atomic_write_bytes(run_dir / "frontier.md", markdown(records, study, meta, gradient_study).encode())
     scatter(run_dir / "frontier.png", records, f"{meta['dataset']}: accuracy vs leakage")
     reconstructions(run_dir / "reconstructions.png", truth, panels, to_unit)
-    return [str(f) for f in files] + [str(run_dir / n) for n in ("frontier.md", "frontier.png", "reconstructions.png")]
+    figures = ["frontier.md", "frontier.png", "reconstructions.png"]
+    if study_panels:
+        reconstructions(run_dir / "gradient-study.png", truth, study_panels, to_unit)
+        figures.append("gradient-study.png")
+    return [str(f) for f in files] + [str(run_dir / n) for n in figures]
 
 
 def _privacy(r: dict) -> str:

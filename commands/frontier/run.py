@@ -247,10 +247,11 @@ def time_overheads(records: list[dict]) -> None:
 
 
 def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dict], where: dict[str, Space],
-                   plan: FrontierPlan) -> list[dict]:
+                   plan: FrontierPlan) -> tuple[list[dict], dict[str, torch.Tensor]]:
     """The appendix's table: both gradient attackers against every pixel-space FedAvg/FedProx row at each study
-    batch size."""
-    out = []
+    batch size; and the strongest attacker's (BN_exact) reconstructions of the first victims, one panel per row
+    and batch size (every batch starts with the same victims)."""
+    out, panels = [], {}
     names = [n for n in ("gradient", "gradient-realistic") if n in plan.attacks]
     vict, public, prior = where["pixels"].vict, where["pixels"].public, where["pixels"].prior
     for row, settings, run in zip(rows, row_settings, runs):
@@ -271,7 +272,9 @@ def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dic
                                 victims=len(outcome.truth), **cases[0].info)
                 out.append({"strategy": row.name, "study_batch_size": B, **record})
                 print(f"  study {row.name} B={B} {name}: gain {record['gain_snr_db']:+.2f} dB", flush=True)
-    return out
+            if names[0] in outcome.estimates:
+                panels[f"{row.name}\nB={B} {names[0]}"] = outcome.estimates[names[0]]
+    return out, panels
 
 
 def reused_runs(reuse: Path, rows: list[Row], row_settings: list[Settings], plan: FrontierPlan) -> dict[int, dict]:
@@ -371,7 +374,7 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
         r["time_overhead"] = next(x["time_overhead"] for x in records if x["strategy"] == r["strategy"])
     report.dominated_by(records)
     study = reencoding(rows, row_settings, runs, where, plan)
-    gstudy = gradient_study(rows, row_settings, runs, where, plan)
+    gstudy, gpanels = gradient_study(rows, row_settings, runs, where, plan)
     vict = where["pixels"].vict
     attacked_round = ("first-round update (initial model)" if plan.gradient_round == "first"
                       else f"round-{base.rounds + 1} update (the row's trained global model)")
@@ -400,7 +403,7 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
         ),
     }
     files = report.write_all(run_dir, records, attacks, study, meta, vict.x, panels, to_unit_for(base, vict),
-                             gstudy)
+                             gstudy, gpanels)
     summary = {
         "run-dir": str(run_dir), "plan": plan.model_dump(by_alias=True), "settings": base.model_dump(by_alias=True),
         "meta": meta, "records": records, "attacks": attacks, "reencoding": study, "gradient-study": gstudy,
