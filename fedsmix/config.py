@@ -131,6 +131,8 @@ class Settings(BaseModel):
     mixcon_eps: float = Field(1e-6, gt=0, lt=1, description="pair distances clamped to [eps, 1/eps]")
     mixcon_pairs: int = Field(0, ge=0, description="pairs per class pair and batch; 0 = p, the smallest class count")
     mixcon_rounds: int = Field(5, ge=1, description="FedAvg rounds that train the split model before the upload")
+    mixcon_clip: float = Field(1.0, ge=0, description="gradient-norm clip of the parties' MixCon training (lambda > 0; "
+                                                      "beta/dist spikes diverge without it); 0 = off")
     # central / local training
     model: Literal["auto", "mlp", "cnn", "lenet5"] = "auto"
     epochs: int = Field(30, ge=1)

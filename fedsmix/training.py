@@ -59,9 +59,11 @@ class TrainConfig:
 
 
 def mixcon_config(settings: Settings) -> dict:
-    """The MixCon terms of a run (encoder=mixcon), as TrainConfig fields."""
+    """The MixCon terms of a run (encoder=mixcon), as TrainConfig fields; the gradient clip only with the term
+    (lambda = 0 stays the vanilla split model's training)."""
     return {"mixcon_lambda": settings.mixcon_lambda, "mixcon_beta": settings.mixcon_beta,
-            "mixcon_eps": settings.mixcon_eps, "mixcon_pairs": settings.mixcon_pairs}
+            "mixcon_eps": settings.mixcon_eps, "mixcon_pairs": settings.mixcon_pairs,
+            "clip_grad_norm": settings.mixcon_clip if settings.mixcon_lambda > 0 else 0.0}
 
 
 def train_config(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,6 +56,28 @@ def test_lambda_zero_is_the_vanilla_loss_exactly(mnist):
               torch.Generator().manual_seed(0))
         digests.append(state_digest(model))
     assert digests[0] == digests[1]
+
+
+def test_the_parties_mixcon_training_clips_its_gradient_and_the_vanilla_split_does_not(mnist):
+    """beta / dist spikes made lambda = 10 diverge to NaN in 8 FedAvg rounds (docs/mixcon.md); `mixcon-clip`
+    bounds each step, and only where the term is on."""
+    from fedsmix.training import train_config
+
+    base = load_settings({"dataset": "mnist", "encoder": "mixcon", "model": "lenet5", "client-lr": 0.01})
+    assert train_config(base, "cpu", federated_client=True, split=True).clip_grad_norm == 1.0
+    assert train_config(base.replace(mixcon_lambda=0.0), "cpu", federated_client=True, split=True).clip_grad_norm == 0
+    assert train_config(base.replace(mixcon_clip=0.0), "cpu", federated_client=True, split=True).clip_grad_norm == 0
+    x, labels, *_ = mnist
+    moved = {}
+    for clip in (0.0, 1e-3):  # one SGD step on one batch, no momentum or decay: the step is lr x the (clipped) gradient
+        torch.manual_seed(0)
+        model = lenet5((1, 28, 28), 10)
+        before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+        cfg = TrainConfig(epochs=1, batch_size=64, lr=0.1, weight_decay=0.0, momentum=0.0, optimizer="sgd",
+                          cosine=False, mixcon_lambda=10.0, mixcon_beta=1e-2, clip_grad_norm=clip)
+        train(model, x[:64], data.one_hot(labels[:64], 10), cfg, torch.Generator().manual_seed(0))
+        moved[clip] = float((torch.cat([p.detach().flatten() for p in model.parameters()]) - before).norm())
+    assert moved[1e-3] <= 0.1 * 1e-3 * 1.001 < moved[0.0]
 
 
 def test_mixcon_term_rises_when_two_classes_are_pushed_together():
@@ -193,6 +216,16 @@ def test_rows_of_the_frontier():
     for bad in ("mixcon-l1", "mixcon-lx-b1"):
         with pytest.raises(SettingsError, match="frontier.rows"):
             parse_row(bad)
+    from commands.frontier.report import _family
+    from commands.frontier.run import privacy_parameters
+
+    settings = row.settings(load_settings({"dataset": "mnist"}), Path("/tmp/x"))
+    privacy = privacy_parameters(row, settings, {})  # its own column: lambda and beta, not an upload's k
+    assert privacy["mixcon"] == "lambda=1 beta=0.0001" and privacy["upload_k"] is None and privacy["tau"] is None
+    assert _family({"strategy": row.name, **privacy}) == "MixCon cut layer"
+    mixup = parse_row("mixup-k2")
+    assert privacy_parameters(mixup, mixup.settings(load_settings({"dataset": "mnist"}), Path("/tmp/x")), {})[
+        "upload_k"] == 2
 
 
 def test_a_mixcon_party_uploads_h_of_its_partition(data_dir, runs_dir):

@@ -26,7 +26,8 @@ SCORES = (
     "gain_vs_party_mean_db",
 )
 #: each defence's own privacy parameter, its own column (different units, never one axis)
-PRIVACY = ("tau", "upload_k", "prune_p", "batch_mix", "dp_fedavg_epsilon", "dp_fedavg_noise", "dp_sgd_epsilon")
+PRIVACY = ("tau", "upload_k", "mixcon", "prune_p", "batch_mix", "dp_fedavg_epsilon", "dp_fedavg_noise",
+           "dp_sgd_epsilon")
 COLUMNS = (
     "strategy",
     "space",
@@ -109,7 +110,8 @@ def write_all(run_dir: Path, records: list[dict], attacks: list[dict], study: li
 
 def _privacy(r: dict) -> str:
     """The row's privacy parameters, each in its own cell."""
-    return (f"| {_f(r.get('tau'), '.0e')} | {_f(r.get('upload_k'), 'd')} | {_f(r.get('prune_p'), 'g')} "
+    return (f"| {_f(r.get('tau'), '.0e')} | {_f(r.get('upload_k'), 'd')} | {r.get('mixcon') or '-'} "
+            f"| {_f(r.get('prune_p'), 'g')} "
             f"| {r.get('batch_mix') or '-'} | {_f(r.get('dp_fedavg_epsilon'), '.2f')} "
             f"| {_f(r.get('dp_sgd_epsilon'), '.2f')} ")
 
@@ -129,16 +131,17 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
         "individual samples leak. SSIM of the best-recovered image is the highest per-victim SSIM. Bytes: what a "
         "party sends (local-only: nothing; the simulator returns its model only to evaluate it). Privacy "
         "parameters, each in its own column: tau (singularized mixup), k of an uploaded mixup/InstaHide encoding, "
+        "MixCon's lambda and beta, "
         "p of gradient pruning, the batch defence and its k, DP-FedAvg's and DP-SGD's epsilon (from their "
         "accountants, at the run's delta). Time x: the row's local training time (mean party, all rounds) over "
         "undefended FedAvg's in the same run. Space: where the row's data is pooled and its leakage scored, "
         "pixels or a public backbone's features (frontier.features); gains in different spaces are different units, "
         "and a row is only ever dominated by rows of its own space.",
         "",
-        "| strategy | space | test acc % | tau | upload k | prune p | batch mix | DP-FedAvg eps | DP-SGD eps "
+        "| strategy | space | test acc % | tau | upload k | MixCon | prune p | batch mix | DP-FedAvg eps | DP-SGD eps "
         "| strongest attack | SNR dB | PSNR dB | SSIM | gain SNR dB | gain PSNR dB | gain SSIM "
         "| best-image SSIM | gain vs party mean dB | bytes up/party | wall s | time x | dominated by |",
-        "|---|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---:|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in records:
         attack = r["attack"] + (f" (B={r['batch_size']}, S={r['local_steps']})" if r.get("batch_size") else "")
@@ -196,6 +199,7 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
 FAMILIES = {  # marker and colour per kind of row: defences differ in kind, so each has its own
     "local-only": ("X", "grey"),
     "upload encoding": ("o", "tab:blue"),
+    "MixCon cut layer": ("h", "tab:cyan"),
     "FedAvg/FedProx": ("s", "tab:red"),
     "gradient pruning": ("^", "tab:orange"),
     "batch mixing": ("D", "tab:green"),
@@ -209,6 +213,8 @@ FAMILIES = {  # marker and colour per kind of row: defences differ in kind, so e
 def _family(r: dict) -> str:
     if r["strategy"].startswith("local-only"):  # local-only-features too
         return "local-only"
+    if r.get("mixcon"):
+        return "MixCon cut layer"
     if r.get("tau") is not None or r.get("upload_k") is not None:
         return "upload encoding"
     if r.get("dp_fedavg_epsilon") is not None or "-dp-" in r["strategy"] or "-dpclient-" in r["strategy"]:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fedsmix import data as datalib
-from fedsmix.config import Settings, SettingsError, load_settings
+from fedsmix.config import INSTAHIDE, Settings, SettingsError, load_settings
 from fedsmix.metrics import snr_db
 from fedsmix.models import load_split_model
 from fedsmix.party import Partition, encode_partition, load_partition
@@ -227,7 +227,9 @@ def privacy_parameters(row: Row, settings: Settings, result: dict) -> dict:
     upload = row.strategy == "mixup-union"
     return {
         "tau": settings.tau if upload and settings.encoder == "singularized" else None,
-        "upload_k": settings.mix_k if upload and settings.encoder != "singularized" else None,
+        "upload_k": settings.mix_k if upload and settings.encoder in ("mixup", *INSTAHIDE) else None,
+        "mixcon": (f"lambda={settings.mixcon_lambda:g} beta={settings.mixcon_beta:g}"
+                   if upload and settings.encoder == "mixcon" else None),
         "prune_p": settings.prune_ratio if settings.prune_ratio > 0 and not upload else None,
         "batch_mix": (f"{settings.batch_mix} k={settings.batch_mix_k}"
                       if settings.batch_mix != "none" and not upload else None),
