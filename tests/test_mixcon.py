@@ -223,6 +223,9 @@ def test_rows_of_the_frontier():
     privacy = privacy_parameters(row, settings, {})  # its own column: lambda and beta, not an upload's k
     assert privacy["mixcon"] == "lambda=1 beta=0.0001" and privacy["upload_k"] is None and privacy["tau"] is None
     assert _family({"strategy": row.name, **privacy}) == "MixCon cut layer"
+    vanilla = parse_row("mixcon-l0")
+    assert privacy_parameters(vanilla, vanilla.settings(load_settings({"dataset": "mnist"}), Path("/tmp/x")), {})[
+        "mixcon"] == "lambda=0 (vanilla split)"
     mixup = parse_row("mixup-k2")
     assert privacy_parameters(mixup, mixup.settings(load_settings({"dataset": "mnist"}), Path("/tmp/x")), {})[
         "upload_k"] == 2

@@ -228,8 +228,9 @@ def privacy_parameters(row: Row, settings: Settings, result: dict) -> dict:
     return {
         "tau": settings.tau if upload and settings.encoder == "singularized" else None,
         "upload_k": settings.mix_k if upload and settings.encoder in ("mixup", *INSTAHIDE) else None,
-        "mixcon": (f"lambda={settings.mixcon_lambda:g} beta={settings.mixcon_beta:g}"
-                   if upload and settings.encoder == "mixcon" else None),
+        "mixcon": (None if not upload or settings.encoder != "mixcon" else "lambda=0 (vanilla split)"
+                   if settings.mixcon_lambda == 0
+                   else f"lambda={settings.mixcon_lambda:g} beta={settings.mixcon_beta:g}"),
         "prune_p": settings.prune_ratio if settings.prune_ratio > 0 and not upload else None,
         "batch_mix": (f"{settings.batch_mix} k={settings.batch_mix_k}"
                       if settings.batch_mix != "none" and not upload else None),
