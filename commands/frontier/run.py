@@ -225,12 +225,12 @@ def reencoding(rows: list[Row], row_settings: list[Settings], runs: list[dict], 
 def privacy_parameters(row: Row, settings: Settings, result: dict) -> dict:
     """Each defence's own privacy parameter in its own column (different units: never one axis)."""
     upload = row.strategy == "mixup-union"
+    mixcon = upload and settings.encoder == "mixcon"
+    lam, beta = settings.mixcon_lambda, settings.mixcon_beta
     return {
         "tau": settings.tau if upload and settings.encoder == "singularized" else None,
         "upload_k": settings.mix_k if upload and settings.encoder in ("mixup", *INSTAHIDE) else None,
-        "mixcon": (None if not upload or settings.encoder != "mixcon" else "lambda=0 (vanilla split)"
-                   if settings.mixcon_lambda == 0
-                   else f"lambda={settings.mixcon_lambda:g} beta={settings.mixcon_beta:g}"),
+        "mixcon": (f"lambda={lam:g} beta={beta:g}" if lam else "lambda=0 (vanilla split)") if mixcon else None,
         "prune_p": settings.prune_ratio if settings.prune_ratio > 0 and not upload else None,
         "batch_mix": (f"{settings.batch_mix} k={settings.batch_mix_k}"
                       if settings.batch_mix != "none" and not upload else None),
