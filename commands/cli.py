@@ -120,6 +120,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_features(args: argparse.Namespace) -> int:
+    from fedsmix.central import needs_public
     from fedsmix.features import PUBLIC_DATASET, ensure_features
 
     settings = load_settings({**({"preset": args.preset} if args.preset else {}), **parse_sets(args.set)})
@@ -127,7 +128,8 @@ def cmd_features(args: argparse.Namespace) -> int:
         raise SettingsError("features: set a backbone (e.g. --set backbone=efficientnet-lite0)")
     for split in ("train", "test"):
         print(ensure_features(settings, split))
-    if settings.adversary:  # the attacker's public set, through the same backbone
+    # the public set through the same backbone: the attacker's prior, and the central trainers' pool
+    if settings.adversary or ("mixup-union" in settings.strategies and needs_public(settings)):
         print(ensure_features(settings.replace(dataset=PUBLIC_DATASET), "train"))
     return 0
 

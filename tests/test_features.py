@@ -192,3 +192,24 @@ def test_reading_pixels_never_alters_the_cached_split():
     datalib.to_unit(raw.images[:100], raw.spec)
     datalib.to_unit(raw.images, raw.spec)
     assert np.array_equal(raw.images, before)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "public"),
+    [
+        ({"strategies": "mixup-union", "trainer": "auto"}, True),  # auto's candidates include the public families
+        ({"strategies": "mixup-union", "trainer": "lda-public"}, True),
+        ({"strategies": "mixup-union", "trainer": "ridge"}, False),
+        ({"strategies": "fedavg,local-only", "trainer": "auto"}, False),  # no central trainer runs
+        ({"strategies": "fedavg", "adversary": "mmse"}, True),  # the attacker's prior
+    ],
+)
+def test_features_command_extracts_the_public_pool_only_when_a_step_reads_it(overrides, public, monkeypatch):
+    from commands.cli import main
+
+    asked = []
+    monkeypatch.setattr(features, "ensure_features", lambda settings, split: asked.append((settings.dataset, split)))
+    sets = [f"--set={key}={value}" for key, value in {"dataset": "cifar10", "backbone": "efficientnet-lite0", **overrides}.items()]
+    assert main(["features", *sets]) == 0
+    assert asked[:2] == [("cifar10", "train"), ("cifar10", "test")]
+    assert (asked[2:] == [(features.PUBLIC_DATASET, "train")]) is public
