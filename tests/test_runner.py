@@ -152,6 +152,31 @@ def test_resume_runs_nothing_twice(direct_grid, monkeypatch):
     GridRun(plan, out).run()
 
 
+def test_report_tables_the_finished_cells_of_a_wider_plan_and_runs_nothing(direct_grid, tmp_path, monkeypatch,
+                                                                            capsys):
+    import shutil
+
+    from commands.cli import main
+
+    plan, out = direct_grid
+    copy = tmp_path / "grid"
+    shutil.copytree(out, copy)
+    state = (copy / "grid.json").read_text()
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("--report ran a cell")
+
+    monkeypatch.setattr(grid_run, "run_cell", no_run)
+    args = ["grid", "--preset", str(plan.preset), "--parties", "2,3,4", "--axis", "radius-mode=theorem", "--engine",
+            "direct", "--resume", str(copy)]
+    assert main([*args, "--report"]) == 0
+    cells = {r["cell"] for r in csv.DictReader((copy / "table.csv").open())}
+    assert cells == {"p2_radius-mode=theorem", "p3_radius-mode=theorem"}  # p4 never ran; pixel-mapped not asked
+    assert (copy / "grid.json").read_text() == state
+    assert main([*args[:-2], "--report"]) == 2  # without --resume: which grid?
+    assert "--report: name the grid directory" in capsys.readouterr().err
+
+
 def test_a_failed_cell_is_recorded_as_failed_and_retried_on_resume(tiny_preset, tmp_path, monkeypatch):
     plan = grid_plan.make_plan(str(tiny_preset), axes={"parties": [2], "radius-mode": ["theorem"]})
     real_run_cell, calls = grid_run.run_cell, []

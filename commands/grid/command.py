@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from fedsmix.config import PROJECT_ROOT
+from fedsmix.config import PROJECT_ROOT, SettingsError
 from fedsmix.runs import link_latest
 
 from .plan import make_plan
@@ -36,8 +36,13 @@ def cmd_grid(args: argparse.Namespace) -> int:
         print(f"{cell.id}: {', '.join(todo) or '(all results reused)'}")
     if args.dry_run:
         return 0
+    if args.report and not args.resume:
+        raise SettingsError("--report: name the grid directory with --resume GRID_DIR")
     out = Path(args.resume).resolve() if args.resume else grid_dir(str(sets.get("runs-dir", "")), plan.name)
-    GridRun(plan, out, args.engine).run()
+    if args.report:  # several --resume runs with different axes, one table: nothing runs
+        GridRun(plan, out, args.engine).write_report()
+    else:
+        GridRun(plan, out, args.engine).run()
     print((out / "table.md").read_text() if (out / "table.md").exists() else "no results")
     print(f"grid results: {out}")
     return 0
@@ -63,5 +68,9 @@ def register(subparsers) -> None:
         "library calls without Flower (for accelerator machines without Flower/Ray; payload bytes only)",
     )
     grid.add_argument("--resume", default="", metavar="GRID_DIR", help="continue an interrupted grid in its directory")
+    grid.add_argument(
+        "--report", action="store_true",
+        help="with --resume: rewrite the tables of this plan's finished cells in GRID_DIR, run nothing",
+    )
     grid.add_argument("--dry-run", action="store_true", help="print the cells and what each runs, then stop")
     grid.set_defaults(func=cmd_grid)

@@ -188,7 +188,10 @@ class GridRun:
 
     def write(self) -> None:
         atomic_write_json(self.state_path, self.state)
+        self.write_report()
+
+    def write_report(self) -> None:
+        """Tables, CSV and plot of this plan's finished cells (`--report`: grid.json is left as it is)."""
         rows = self.rows()
-        if not rows:
-            return
-        report.write_all(self.out, self.plan, rows)
+        if rows:
+            report.write_all(self.out, self.plan, rows)
