@@ -209,7 +209,8 @@ def test_features_command_extracts_the_public_pool_only_when_a_step_reads_it(ove
 
     asked = []
     monkeypatch.setattr(features, "ensure_features", lambda settings, split: asked.append((settings.dataset, split)))
-    sets = [f"--set={key}={value}" for key, value in {"dataset": "cifar10", "backbone": "efficientnet-lite0", **overrides}.items()]
+    settings = {"dataset": "cifar10", "backbone": "efficientnet-lite0", **overrides}
+    sets = [f"--set={key}={value}" for key, value in settings.items()]
     assert main(["features", *sets]) == 0
     assert asked[:2] == [("cifar10", "train"), ("cifar10", "test")]
     assert (asked[2:] == [(features.PUBLIC_DATASET, "train")]) is public
