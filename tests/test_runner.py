@@ -175,6 +175,8 @@ def test_report_tables_the_finished_cells_of_a_wider_plan_and_runs_nothing(direc
     assert (copy / "grid.json").read_text() == state
     assert main([*args[:-2], "--report"]) == 2  # without --resume: which grid?
     assert "--report: name the grid directory" in capsys.readouterr().err
+    assert main([*args[:-1], str(tmp_path / "nowhere"), "--report"]) == 2
+    assert "holds no grid.json" in capsys.readouterr().err
 
 
 def test_a_failed_cell_is_recorded_as_failed_and_retried_on_resume(tiny_preset, tmp_path, monkeypatch):
