@@ -120,17 +120,13 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_features(args: argparse.Namespace) -> int:
-    from fedsmix.central import needs_public
-    from fedsmix.features import PUBLIC_DATASET, ensure_features
+    from fedsmix.central import ensure_run_features
 
     settings = load_settings({**({"preset": args.preset} if args.preset else {}), **parse_sets(args.set)})
     if settings.backbone == "none":
         raise SettingsError("features: set a backbone (e.g. --set backbone=efficientnet-lite0)")
-    for split in ("train", "test"):
-        print(ensure_features(settings, split))
-    # the public set through the same backbone: the attacker's prior, and the central trainers' pool
-    if settings.adversary or ("mixup-union" in settings.strategies and needs_public(settings)):
-        print(ensure_features(settings.replace(dataset=PUBLIC_DATASET), "train"))
+    for path in ensure_run_features(settings):
+        print(path)
     return 0
 
 

@@ -43,6 +43,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -367,6 +368,22 @@ PUBLIC = ("mlp-recal", "lda-public")  # the families that use the server's publi
 def needs_public(settings: Settings) -> bool:
     """Whether the chosen trainer family uses the server's public pool (BatchNorm recalibration, a prior)."""
     return bool(set(PUBLIC) & set(FAMILIES[settings.trainer]))
+
+
+def ensure_run_features(settings: Settings) -> list[Path]:
+    """Extract (or find cached) every backbone-feature split a run reads: train and test, and the public
+    pool when the attacker or mixup-union's trainer uses it (`fedsmix features`, a grid's warm-up). A
+    public set that is not there is skipped under `trainer: auto`, as `server_public` does at run time."""
+    from .features import PUBLIC_DATASET, ensure_features
+
+    paths = [ensure_features(settings, split) for split in ("train", "test")]
+    if settings.adversary or ("mixup-union" in settings.strategies and needs_public(settings)):
+        try:
+            paths.append(ensure_features(settings.replace(dataset=PUBLIC_DATASET), "train"))
+        except DatasetUnavailable:
+            if settings.adversary or settings.trainer != "auto":
+                raise
+    return paths
 
 
 def server_public(settings: Settings, progress: Progress = SILENT) -> torch.Tensor | None:

@@ -214,3 +214,19 @@ def test_features_command_extracts_the_public_pool_only_when_a_step_reads_it(ove
     assert main(["features", *sets]) == 0
     assert asked[:2] == [("cifar10", "train"), ("cifar10", "test")]
     assert (asked[2:] == [(features.PUBLIC_DATASET, "train")]) is public
+
+
+def test_a_missing_public_set_is_skipped_only_where_the_run_can_do_without_it(monkeypatch):
+    from fedsmix.central import ensure_run_features
+
+    def no_public(settings, split):
+        if settings.dataset == features.PUBLIC_DATASET:
+            raise datalib.DatasetUnavailable("tiny-imagenet: not in data-dir")
+        return settings.dataset, split
+
+    monkeypatch.setattr(features, "ensure_features", no_public)
+    base = load_settings({"dataset": "cifar10", "backbone": "efficientnet-lite0", "strategies": "mixup-union"})
+    assert ensure_run_features(base.replace(trainer="auto")) == [("cifar10", "train"), ("cifar10", "test")]
+    for needs_it in (base.replace(trainer="lda-public"), base.replace(trainer="ridge", adversary=("mmse",))):
+        with pytest.raises(datalib.DatasetUnavailable):
+            ensure_run_features(needs_it)

@@ -39,12 +39,13 @@ def cmd_grid(args: argparse.Namespace) -> int:
     if args.report and not args.resume:
         raise SettingsError("--report: name the grid directory with --resume GRID_DIR")
     out = Path(args.resume).resolve() if args.resume else grid_dir(str(sets.get("runs-dir", "")), plan.name)
-    if args.report and not (out / "grid.json").is_file():
-        raise SettingsError(f"--report: {out} holds no grid.json (not a grid directory)")
-    if args.report:  # several --resume runs with different axes, one table: nothing runs
-        GridRun(plan, out, args.engine).write_report()
+    grid = GridRun(plan, out, args.engine)
+    if not args.report:
+        grid.run()
+    elif grid.state_path.is_file():  # several --resume passes with different axes, one table: nothing runs
+        grid.write_report()
     else:
-        GridRun(plan, out, args.engine).run()
+        raise SettingsError(f"--report: {out} holds no grid.json (not a grid directory)")
     print((out / "table.md").read_text() if (out / "table.md").exists() else "no results")
     print(f"grid results: {out}")
     return 0

@@ -22,25 +22,12 @@ from .plan import GridPlan
 
 def warm_feature_cache(plan: GridPlan) -> None:
     """Extract backbone features once, here, before thirty parties would wait on the same lock."""
-    done = set()
-    for cell in plan.cells:
-        settings = load_settings({**plan.base, **cell.overrides()})
-        if settings.backbone == "none":
-            continue
-        from fedsmix.features import ensure_features
+    from fedsmix.central import ensure_run_features
 
-        for split in ("train", "test"):
-            key = (
-                settings.dataset,
-                split,
-                settings.backbone,
-                settings.image_size,
-                settings.weights_path,
-                settings.feature_cache_dir,
-            )
-            if key not in done:
-                ensure_features(settings, split)
-                done.add(key)
+    for cell in plan.cells:  # a cached split costs one file check
+        settings = load_settings({**plan.base, **cell.overrides()})
+        if settings.backbone != "none":
+            ensure_run_features(settings)
 
 
 def run_cell(overrides: dict[str, Any], parties: int, engine: str, runs_dir: Path) -> dict:
