@@ -60,6 +60,7 @@ def check_dataset(settings) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedsmix.data import is_path_dataset
+    from fedsmix.partition import check_poor_party
 
     from .federation import environment as federation_environment
     from .federation import federation_config, flower_part
@@ -75,6 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = absolute_paths(overrides)
     federation = federation_config(overrides.get("preset", ""), parse_sets(args.federation, "--federation"))
     parties = args.parties or federation.get("num-supernodes") or 10
+    check_poor_party(settings.partitioner, settings.poor_party, parties)  # a party the federation lacks
     result = flwr_run(overrides, parties, flower_part(federation), environment=federation_environment(federation))
     latest = Path(overrides["runs-dir"]) / "latest"
     if result.ok:

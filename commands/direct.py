@@ -31,6 +31,7 @@ from fedsmix.central import (
 from fedsmix.config import Settings, dump_settings
 from fedsmix.device import select_device
 from fedsmix.models import new_classifier, represent
+from fedsmix.partition import check_poor_party
 from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
 from fedsmix.progress import FILE as PROGRESS_FILE
 from fedsmix.progress import SILENT, Progress
@@ -285,6 +286,7 @@ STRATEGIES = {
 def run(settings: Settings, num_parties: int) -> dict:
     """Like the ServerApp's run_experiment: one run directory, results.json after every strategy."""
     dataset = datalib.describe_dataset(settings)  # a path data set is checked before anything is written
+    check_poor_party(settings.partitioner, settings.poor_party, num_parties)  # and a party the run lacks
     run_dir = new_run_dir(settings.runs_dir, settings.run_name, "direct")
     progress = Progress(run_dir / PROGRESS_FILE, interval=settings.progress_interval)
     progress.emit("run-start", **{"run-dir": str(run_dir), "strategies": list(settings.strategies),

@@ -21,6 +21,14 @@ SCHEMES = ("iid", "dirichlet", "pathological", "dirichlet-equal", "size-skew")
 SIZED = ("dirichlet-equal", "size-skew")  # schemes with partition sizes fixed before any label is drawn
 
 
+def check_poor_party(scheme: str, poor_party: int, num_parties: int, where: str = "") -> None:
+    """Refuse a data-poor party that the federation does not have (named by key, before any run starts)."""
+    if scheme == "size-skew" and not 0 <= poor_party < num_parties:
+        raise SettingsError(
+            f"poor-party: {poor_party} is outside 0..{num_parties - 1} ({num_parties} parties){where}"
+        )
+
+
 def partition_sizes(
     scheme: str, n: int, num_parties: int, poor_party_ratio: float = 1.0, poor_party: int = 0
 ) -> np.ndarray:
@@ -37,8 +45,7 @@ def partition_sizes(
         raise ValueError(f"partitioner: {scheme!r} has no fixed partition sizes; sized schemes: {', '.join(SIZED)}")
     if not 0 < poor_party_ratio <= 1:
         raise SettingsError(f"poor-party-ratio: must be in (0, 1], got {poor_party_ratio}")
-    if scheme == "size-skew" and not 0 <= poor_party < num_parties:
-        raise SettingsError(f"poor-party: {poor_party} is outside 0..{num_parties - 1} ({num_parties} parties)")
+    check_poor_party(scheme, poor_party, num_parties)
     weights = np.ones(num_parties)
     if scheme == "size-skew":
         weights[poor_party] = poor_party_ratio

@@ -170,6 +170,21 @@ def test_published_partition_keys_are_checked():
         partition_indices(labels, 0, 10, "size-skew", poor_party_ratio=0.5, poor_party=10)
 
 
+def test_a_poor_party_the_federation_lacks_is_refused_before_anything_runs(tmp_path, capsys):
+    """`run` (before Flower starts) and the direct engine (before a run directory exists) name the key."""
+    from commands import direct
+    from commands.cli import main as cli
+
+    runs = tmp_path / "runs"
+    bad = {"partitioner": "size-skew", "poor-party": 5, "runs-dir": str(runs)}
+    argv = [arg for key, value in bad.items() for arg in ("--set", f"{key}={value}")]
+    assert cli(["run", *argv, "--parties", "5"]) == 2
+    assert "poor-party: 5 is outside 0..4 (5 parties)" in capsys.readouterr().err
+    with pytest.raises(SettingsError, match="poor-party: 5 is outside 0..2"):
+        direct.run(load_settings(bad), 3)
+    assert not runs.exists()
+
+
 def test_tiny_beta_fails_naming_the_key_or_partitions_cleanly():
     """numpy's Dirichlet(beta < 0.1) can hold exact zeros; flwr-datasets 0.6.1 then renormalises 0/0 when the
     party's classes run out. Every outcome is either a valid split or an error naming dirichlet-alpha."""

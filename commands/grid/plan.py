@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from fedsmix.config import KEYS, SettingsError, load_settings, resolve_preset
+from fedsmix.partition import check_poor_party
 
 ENCODING_KEYS = frozenset(
     {
@@ -144,8 +145,7 @@ def make_plan(preset: str, sets: dict[str, Any] | None = None, axes: dict[str, l
             raise SettingsError(f"grid: parties must be integers >= 2, got {parties!r}")
         cell = Cell(parties, tuple(zip(keys, values)))
         settings = load_settings({**base, **cell.overrides()})  # fail now, naming the key, not hours later
-        if settings.partitioner == "size-skew" and settings.poor_party >= parties:
-            raise SettingsError(f"poor-party: {settings.poor_party} is outside 0..{parties - 1} in cell {cell.id}")
+        check_poor_party(settings.partitioner, settings.poor_party, parties, where=f" in cell {cell.id}")
         cells.append(cell)
     return GridPlan(str(preset), path.stem, base, grid_axes, plot, table_rows, cells)
 
