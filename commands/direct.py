@@ -104,8 +104,12 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
     shape, num_classes = upload_shape(settings), datalib.dataset_spec(settings).num_classes
     union = Union(x, y, rows, *union_statistics(list(parties.values()), math.prod(shape), settings.encoder))
 
+    sent = dict.fromkeys(parties, 0)  # bytes down per party after the upload: candidates to score, the model back
+
     def score(models, held):  # each party scores the candidates on its own clean samples, as the ClientApp does
         states = {name: model.state_dict() for name, model in models.items()}
+        for p in held:
+            sent[p] += sum(_nbytes(state) for state in states.values())
         return {p: score_candidates(settings, partitions[p], r, states, device) for p, r in held.items()}
 
     public = server_public(settings, progress)
@@ -125,6 +129,8 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
     }
     if settings.return_model and encoder_state is None:  # mixcon: the head reads h(x), has no BatchNorm
         state = {k: v.detach().cpu() for k, v in selection.model.state_dict().items()}
+        for p in partitions:
+            sent[p] += _nbytes(state)
         accuracy = {
             p: test_accuracy(personalize(settings, part, selection.chosen, state, device), test, device)["accuracy"]
             for p, part in partitions.items()
@@ -134,7 +140,7 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
     if curve:
         result["curve"] = curve
     # mixcon: the FedAvg rounds that trained h count both ways, and h itself travels down once
-    down = rounds_bytes + (_nbytes(encoder_state) if encoder_state is not None else 0)
+    down = rounds_bytes + (_nbytes(encoder_state) if encoder_state is not None else 0) + sum(sent.values()) / len(sent)
     return {**result, "wall-seconds": time.perf_counter() - t0, "mean-bytes-up-per-party": sum(up) / len(up)
             + rounds_bytes, "mean-bytes-down-per-party": down, "bytes": PAYLOAD, **phase}
 

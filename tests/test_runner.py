@@ -135,6 +135,9 @@ def test_grid_writes_table_csv_and_plot(direct_grid):
     assert float(mix["accuracy"]) > 0.2  # chance is 0.1
     prox = by[("p2_radius-mode=theorem", "fedprox")]
     assert float(prox["accuracy"]) > 0.2 and float(prox["bytes-up-per-party"]) > 0
+    # after the upload the model comes down to every party (and the trainer's candidates to those that score them)
+    model_bytes = float(prox["bytes-down-per-party"]) / 2  # FedProx: the global model, once per round (2 rounds)
+    assert float(mix["bytes-down-per-party"]) >= model_bytes > 0
     theorem = by[("p2_radius-mode=theorem", "mixup-union")]
     assert float(theorem["snr-bound-max"]) == pytest.approx(1.0)  # theorem mode: the bound is tau
     table = (out / "table.md").read_text()
@@ -217,7 +220,8 @@ def test_flower_simulation_matches_the_direct_engine(tiny_preset, direct_grid, t
         # calibration is a pure function of the party's data and seeds, wherever it runs
         assert float(direct["mixup-union"][col]) == pytest.approx(float(sim["mixup-union"][col]), rel=1e-5), col
     # wire bytes include framing: at least the payload the direct engine counts
-    assert float(sim["mixup-union"]["bytes-up-per-party"]) >= float(direct["mixup-union"]["bytes-up-per-party"]) > 0
+    for col in ("bytes-up-per-party", "bytes-down-per-party"):
+        assert float(sim["mixup-union"][col]) >= float(direct["mixup-union"][col]) > 0, col
     for strategy in ("mixup-union", "local-only", "fedprox"):
         # training may differ by thread count (Ray workers use one); 360 test images, a few may flip
         assert float(direct[strategy]["accuracy"]) == pytest.approx(float(sim[strategy]["accuracy"]), abs=0.05), (
