@@ -12,6 +12,7 @@ ServerApp (server/plausibility.py: numpy only).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 
@@ -43,8 +44,15 @@ from server.plausibility import examine, quarantine
 PAYLOAD = "array payload (direct engine, no wire framing)"
 
 
-def _nbytes(state: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in state.values())
+def _nbytes(*states: dict[str, torch.Tensor]) -> int:
+    """The payload of one message carrying `states`: Flower ships a message's arrays content-addressed, each
+    distinct array once (candidates that share weights, such as `mlp` and `mlp-recal`, share them on the wire)."""
+    distinct = {}
+    for state in states:
+        for t in state.values():
+            data = t.detach().cpu().contiguous().numpy().tobytes()
+            distinct[hashlib.sha256(data).digest()] = len(data)
+    return sum(distinct.values())
 
 
 def _initial(settings: Settings) -> torch.nn.Module:
@@ -108,8 +116,9 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
 
     def score(models, held):  # each party scores the candidates on its own clean samples, as the ClientApp does
         states = {name: model.state_dict() for name, model in models.items()}
+        payload = _nbytes(*states.values())
         for p in held:
-            sent[p] += sum(_nbytes(state) for state in states.values())
+            sent[p] += payload
         return {p: score_candidates(settings, partitions[p], r, states, device) for p, r in held.items()}
 
     public = server_public(settings, progress)
@@ -129,8 +138,9 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
     }
     if settings.return_model and encoder_state is None:  # mixcon: the head reads h(x), has no BatchNorm
         state = {k: v.detach().cpu() for k, v in selection.model.state_dict().items()}
+        payload = _nbytes(state)
         for p in partitions:
-            sent[p] += _nbytes(state)
+            sent[p] += payload
         accuracy = {
             p: test_accuracy(personalize(settings, part, selection.chosen, state, device), test, device)["accuracy"]
             for p, part in partitions.items()

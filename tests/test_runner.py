@@ -204,6 +204,23 @@ def test_a_failed_cell_is_recorded_as_failed_and_retried_on_resume(tiny_preset, 
     assert all(r["accuracy"] > 0.2 for r in state["results"].values())
 
 
+def test_the_direct_engine_counts_a_message_as_flower_ships_it(task_identity):
+    """Flower ships a message's arrays content-addressed: candidates sharing weights (mlp and mlp-recal)
+    share them on the wire, and the direct engine's payload must not count them twice."""
+    from flwr.app import ArrayRecord, Message, RecordDict
+
+    from commands.direct import _nbytes
+    from server.traffic import message_nbytes
+
+    shared, own = torch.randn(300, 50), torch.randn(50)
+    mlp, recal = {"w": shared, "bn": torch.zeros(50)}, {"w": shared.clone(), "bn": own}
+    payload = _nbytes(mlp, recal)
+    assert payload == (300 * 50 + 50 + 50) * 4 < _nbytes(mlp) + _nbytes(recal)
+    msg = Message(RecordDict({"a": ArrayRecord(mlp), "b": ArrayRecord(recal)}), dst_node_id=1,
+                  message_type="query.validate")
+    assert payload <= message_nbytes(msg) < payload + 4096  # framing on top of the same arrays
+
+
 @pytest.mark.sim
 def test_flower_simulation_matches_the_direct_engine(tiny_preset, direct_grid, tmp_path):
     """One cell through Flower (2 parties: mixup-union, local-only, FedProx on features) against `direct`."""
