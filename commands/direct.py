@@ -5,7 +5,8 @@ direct`), and the reference for what the federation costs (benchmarks/flower_ove
 party's step is the very function the ClientApp calls, and FedAvg/FedProx aggregate as Flower's
 FedAvg does (example-weighted mean of every array), so a run here reproduces a simulation's numbers
 up to floating-point order (tests/test_runner.py checks that on digits). What it cannot give is wire
-bytes: it reports the payload bytes of the arrays each message would carry, and says so. It has no
+bytes: it reports the payload bytes of the arrays each message would carry (each distinct array once, as
+Flower ships them), and says so. It has no
 message validation, store or adversary; the plausibility checks of well-formed uploads run as in the
 ServerApp (server/plausibility.py: numpy only).
 """
@@ -169,7 +170,7 @@ def local_only(settings: Settings, num_parties: int, test, device: str, progress
         accuracy[party] = test_accuracy(result.model, test, device)["accuracy"]
         progress.emit("party", party=party, done=party + 1, of=num_parties, accuracy=accuracy[party],
                       **{"train-seconds": result.report.seconds})
-    values = list(accuracy.values())
+    values, model_bytes = list(accuracy.values()), _nbytes(initial)  # the model out, and back
     return {
         "accuracy": accuracy[0],
         "party0-accuracy": accuracy[0],
@@ -181,8 +182,8 @@ def local_only(settings: Settings, num_parties: int, test, device: str, progress
         "dropped": [],
         "rejected": [],
         "wall-seconds": time.perf_counter() - t0,
-        "mean-bytes-up-per-party": _nbytes(initial),
-        "mean-bytes-down-per-party": _nbytes(initial),
+        "mean-bytes-up-per-party": model_bytes,
+        "mean-bytes-down-per-party": model_bytes,
         "bytes": PAYLOAD,
     }
 
