@@ -60,9 +60,9 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
         if any(name != "centralized" for name in pending):
             with progress.watch():
                 ctx.introduce()
-    except RunAborted as err:  # too few nodes connected: every strategy would fail the same way
+    except RunAborted as err:  # too few nodes connected, or none could start: every strategy would fail the same way
         for name in pending:
-            results["strategies"][name] = {"error": str(err)}
+            results["strategies"][name] = {"error": str(err), **err.details}
         failures, pending = [str(err)], []
     record_parties(results, ctx)
     for index, name in enumerate(pending, start=1):

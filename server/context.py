@@ -47,6 +47,7 @@ class RunContext:
     progress: Progress = SILENT  # the run's progress log, bound to the running strategy
     _test: tuple | None = None
     _hello: set[str] = field(default_factory=set)  # hello messages not answered yet
+    _hello_errors: dict[int, str] = field(default_factory=dict)  # node -> why its hello failed
 
     def test_set(self):
         if self._test is None:
@@ -72,7 +73,9 @@ class RunContext:
 
         Reports can then name the party of a node that later raises or times out, and each
         party loads its data here, so a cold start does not eat the first strategy's timeout.
-        Waits up to reply-timeout; later answers are picked up by `learn_parties()`.
+        Waits up to reply-timeout; later answers are picked up by `learn_parties()`. When every node
+        answered and every answer is an error (a setting no party can run with, e.g. a hand-run `flwr run`
+        whose run config the CLI never checked), every strategy would fail the same way: RunAborted, naming why.
         """
         config = ConfigRecord({"settings": self.settings.to_json()})
         messages = [
@@ -80,7 +83,14 @@ class RunContext:
             for node in self.nodes()
         ]
         self._hello = set(self.grid.push_messages(messages))  # not booked as any strategy's traffic
-        return self.learn_parties(wait=self.settings.reply_timeout)
+        parties = self.learn_parties(wait=self.settings.reply_timeout)
+        if parties or self._hello or not self._hello_errors:
+            return parties
+        reasons = sorted(set(self._hello_errors.values()))
+        shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3 else "")
+        failed = len(self._hello_errors)
+        raise RunAborted(f"every party failed to start (all {failed} hello replies are errors): {shown}",
+                         {"hello-errors": {str(node): why for node, why in sorted(self._hello_errors.items())}})
 
     def learn_parties(self, wait: float = 0.0) -> dict[int, int]:
         """Record node -> party from the hello replies that arrived, waiting up to `wait` s for the rest."""
@@ -89,7 +99,9 @@ class RunContext:
         while self._hello:
             for reply in self.grid.pull_messages(self._hello):
                 self._hello.discard(reply.metadata.reply_to_message_id)
-                if not reply.has_error() and "metrics" in reply.content:
+                if reply.has_error():
+                    self._hello_errors[reply.metadata.src_node_id] = str(reply.error.reason)
+                elif "metrics" in reply.content:
                     self.node_party[reply.metadata.src_node_id] = int(reply.content["metrics"]["party"])
                     where = reply.content.get("node")
                     if where is not None and "ray-node-id" in where:

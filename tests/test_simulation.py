@@ -135,3 +135,27 @@ def test_too_few_parties_ends_with_a_clear_error(runs_dir):
         )
     results = json.loads((Path(runs_dir) / "latest" / "results.json").read_text())
     assert "min-parties is 2" in results["strategies"]["mixup-union"]["error"]
+
+
+def test_a_setting_no_party_can_start_with_aborts_the_run_once_naming_the_key(runs_dir):
+    """A run config no party can load its partition with (here a data-poor party the federation lacks, which
+    `fedsmix run` refuses but a hand-run `flwr run` or `simulate` passes on) fails in every ClientApp's hello:
+    the ServerApp stops there with the parties' reason instead of running each strategy into it."""
+    with pytest.raises(Exception, match="every party failed to start"):
+        simulate(
+            {
+                "preset": "configs/quickstart.yaml",
+                "strategies": "mixup-union,local-only,fedavg",
+                "runs-dir": runs_dir,
+                "partitioner": "size-skew",
+                "poor-party": 5,
+                "epochs": 2,
+            },
+            num_parties=3,
+        )
+    results = json.loads((Path(runs_dir) / "latest" / "results.json").read_text())
+    for name in ("mixup-union", "local-only", "fedavg"):
+        strategy = results["strategies"][name]
+        assert strategy["error"].startswith("every party failed to start (all 3 hello replies are errors)")
+        assert "poor-party: 5 is outside 0..2" in strategy["error"], strategy["error"]
+        assert len(strategy["hello-errors"]) == 3 and "accuracy" not in strategy
