@@ -21,18 +21,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m fedsmix run --preset $(PRESET) --parties $(PARTIES)
 
-# The container file spends its time waiting (Podman, image builds, a killed SuperNode's missed heartbeats),
-# so it runs beside the rest of the suite in its own pytest; `make test` fails when either does.
-CONTAINER_LOG ?= /tmp/fedsmix-test-containers.log
+# Much of the suite waits (image builds, SuperNode heartbeats, per-message ClientApp processes, reply
+# timeouts), so it runs in TEST_WORKERS pytest-xdist workers, one test file per worker at a time
+# (module fixtures are built once); tests/conftest.py starts the two longest files first.
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(PY) -m ruff check .
-	@$(PY) -m pytest tests/test_containers.py $(PYTEST_ARGS) > $(CONTAINER_LOG) 2>&1 & containers=$$!; \
-	echo "tests/test_containers.py runs beside the rest (pid $$containers; its output follows the suite's)"; \
-	$(PY) -m pytest --ignore=tests/test_containers.py $(PYTEST_ARGS); rest=$$?; \
-	wait $$containers; status=$$?; \
-	echo "==================== tests/test_containers.py (exit $$status) ===================="; \
-	cat $(CONTAINER_LOG); \
-	test $$rest -eq 0 && test $$status -eq 0
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m ruff check .
