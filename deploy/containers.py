@@ -54,6 +54,8 @@ from deploy.image_requirements import requirements
 from deploy.smoke import (
     COMPOSE,
     DEMO_RUN_CONFIG,
+    FAULT_RUN,
+    KILL_AT,
     REPO,
     SERVERAPP_SERVICE,
     TLS_OVERLAY,
@@ -65,7 +67,7 @@ from deploy.smoke import (
     with_parties,
 )
 
-PROJECT = "fedsmix-ct"
+PROJECT = "fedsmix-ct"  # compose project of the plain stack; the TLS stack's is PROJECT-tls
 FLWR_VERSION = "1.42.0"
 BASE_IMAGE = "localhost/fedsmix-debian:bookworm"
 STANDIN = "localhost/fedsmix-standin"  # FEDSMIX_FLWR_IMAGES: stand-ins for flwr/superlink, flwr/supernode
@@ -82,11 +84,7 @@ DEBIAN = {
 TOOLS = {"podman": "podman", "debootstrap": "debootstrap", "docker-compose": "docker-compose"}
 FLOWER_UID = 49999  # the flwr/* images run as uid 49999 ("app"); so do the stand-ins
 RUNS_VOLUME = "server-runs"
-# The plain stack: the demo's strategies with a third party, whose SuperNode is killed when FedProx's
-# round 2 starts; reply-timeout outlasts Flower's heartbeat patience (2 x 30 s), min-parties is 2.
-FAULT_RUN = {**DEMO_RUN_CONFIG, "rounds": 3, "min-parties": 2, "reply-timeout": 150.0}
-KILL_ROUND = 2
-KILL_AT = f"[ROUND {KILL_ROUND}/{FAULT_RUN['rounds']}]"  # Flower's log line when the round starts
+IMAGES_LOCK = Path("/var/tmp/fedsmix-images.lock")  # Podman's image store is the machine's: one build at a time
 
 
 def _run(argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
@@ -342,8 +340,11 @@ def _torchvision_for(torch_version: str) -> str | None:
     return None
 
 
-def compose_env(podman: Podman, torch: str, port: int | None = None, certs: Path | None = None) -> dict[str, str]:
-    """Environment for docker-compose: Podman's socket, the local base and stand-ins, offline builds."""
+def compose_env(
+    podman: Podman, torch: str, port: int | None = None, certs: Path | None = None, volumes: str | None = None
+) -> dict[str, str]:
+    """Environment for docker-compose: Podman's socket, the local base and stand-ins, offline builds;
+    `volumes` names the volumes (`<volumes>-server-runs`, ...) instead of the file's `fedsmix`."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}  # Debian's python
     env.update(
         DOCKER_HOST=podman.host,
@@ -359,6 +360,8 @@ def compose_env(podman: Podman, torch: str, port: int | None = None, certs: Path
         env["FEDSMIX_SUPERLINK_PORT"] = str(port)
     if certs is not None:
         env["FEDSMIX_CERTS"] = str(certs)
+    if volumes is not None:
+        env["FEDSMIX_VOLUME_PREFIX"] = volumes
     return env
 
 
@@ -413,17 +416,26 @@ def _cpu(podman: Podman) -> float:
 
 
 def prepare_images(podman: Podman, log: Callable[[str], None] = print) -> dict:
-    """Base image, wheels and the three images; what it took (seconds, CPU seconds, bytes)."""
+    """Base image, wheels and the three images; what it took (seconds, CPU seconds, bytes). Two
+    callers at once (the two stacks' tests in two pytest workers) take turns: the second finds
+    the first one's images and wheels and builds nothing."""
+    import fcntl
+
     t0, c0 = time.monotonic(), _cpu(podman)
-    base = base_image(podman, log)
-    t_base, c_base = time.monotonic(), _cpu(podman)
-    torch = download_wheels(choose_torch(log), log)
-    t_wheels, c_wheels = time.monotonic(), _cpu(podman)
-    builds = build_images(podman, torch, log)
+    with open(IMAGES_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        waited = round(time.monotonic() - t0, 1)
+        t0 = time.monotonic()
+        base = base_image(podman, log)
+        t_base, c_base = time.monotonic(), _cpu(podman)
+        torch = download_wheels(choose_torch(log), log)
+        t_wheels, c_wheels = time.monotonic(), _cpu(podman)
+        builds = build_images(podman, torch, log)
     return {
         "base-image": base,
         "torch": torch,  # '' : pyproject.toml's pins
         "seconds": {
+            "waited-for-another-build": waited,
             "base-image": round(t_base - t0, 1),
             "wheels": round(t_wheels - t_base, 1),
             "builds": builds,
@@ -503,10 +515,12 @@ class Stack(SuperLinkClient):
         workdir: Path | None = None,
         log: Callable[[str], None] = print,
         up_timeout: float = 300,
+        project: str = PROJECT,
     ):
         from deploy.make_certs import make_deployment_certs
 
         self.podman, self.tls, self.parties, self.log = podman, tls, parties, log
+        self.project = project  # also the volumes' prefix: never a user's `fedsmix-*` volumes
         self.up_timeout = up_timeout
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedsmix-stack-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -516,7 +530,7 @@ class Stack(SuperLinkClient):
         if tls:
             self.certs = make_deployment_certs(self.workdir / "certs", parties)
             _chown(self.certs, FLOWER_UID)  # the containers run as uid 49999
-        self.env = compose_env(podman, torch, self.port, self.certs)
+        self.env = compose_env(podman, torch, self.port, self.certs, volumes=project)
         if parties != 2:
             self.files.append(self._party_overlay())
         self.config = yaml.safe_load(self.compose("config").stdout)
@@ -526,7 +540,7 @@ class Stack(SuperLinkClient):
     # -- compose
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
         files = [a for f in self.files for a in ("-f", str(f))]
-        argv = ["docker-compose", "--compatibility", "-p", PROJECT, *files, *args]
+        argv = ["docker-compose", "--compatibility", "-p", self.project, *files, *args]
         return _run(argv, env=self.env, cwd=REPO, timeout=timeout, check_rc=check)
 
     def _party_overlay(self) -> Path:
@@ -536,7 +550,10 @@ class Stack(SuperLinkClient):
         grown = with_parties(raw, self.parties)
         services = {n: s for n, s in grown.items() if n not in raw}
         services.update({n: {"command": grown[n]["command"]} for n in raw if n.startswith("supernode-")})
-        volumes = {f"party-{i}-data": {"name": f"fedsmix-party-{i}-data"} for i in range(2, self.parties)}
+        volumes = {
+            f"party-{i}-data": {"name": f"${{FEDSMIX_VOLUME_PREFIX:-fedsmix}}-party-{i}-data"}
+            for i in range(2, self.parties)
+        }
         overlay = self.workdir / f"parties-{self.parties}.yml"
         overlay.write_text(yaml.safe_dump({"services": services, "volumes": volumes}, sort_keys=False))
         return overlay
@@ -555,7 +572,9 @@ class Stack(SuperLinkClient):
     def containers(self) -> dict[str, dict]:
         """service -> `podman ps` entry, for this project's containers (running or not)."""
         rows = (
-            self.podman.json("ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}", "--format", "json")
+            self.podman.json(
+                "ps", "-a", "--filter", f"label=com.docker.compose.project={self.project}", "--format", "json"
+            )
             or []
         )
         return {row["Labels"]["com.docker.compose.service"]: row for row in rows}
@@ -585,7 +604,7 @@ class Stack(SuperLinkClient):
     def start(self, timeout: float | None = None) -> Stack:
         timeout = timeout or self.up_timeout
         t0 = time.monotonic()
-        with HealthDriver(self.podman, PROJECT):
+        with HealthDriver(self.podman, self.project):
             self.compose("up", "-d", "--no-build", timeout=timeout)
             deadline = time.monotonic() + timeout
             while waiting := [n for n in self.long_running() if self.health(n) != "healthy"]:
@@ -628,7 +647,7 @@ class Stack(SuperLinkClient):
         names += [
             f"network {n}"
             for n in self.podman("network", "ls", "--format", "{{.Name}}").stdout.split()
-            if n == f"{PROJECT}_default"
+            if n == f"{self.project}_default"
         ]
         return names
 
@@ -638,7 +657,7 @@ class Stack(SuperLinkClient):
         return self.with_connection(flower_env(self.workdir / "flwr-home"), f"127.0.0.1:{self.port}", ca)
 
     def volume_path(self, volume: str) -> Path:
-        name = self.config["volumes"][volume].get("name", f"{PROJECT}_{volume}")
+        name = self.config["volumes"][volume].get("name", f"{self.project}_{volume}")
         return Path(self.podman("volume", "inspect", "--format", "{{.Mountpoint}}", name).stdout.strip())
 
     def results(self, config: dict) -> dict:
@@ -703,7 +722,7 @@ def mount_checks(stack: Stack) -> list[str]:
     for name in stack.long_running():
         mounts = {m.get("Name"): m for m in stack.inspect(name)["Mounts"] if m.get("Type") == "volume"}
         for i in range(stack.parties):
-            volume = f"fedsmix-party-{i}-data"
+            volume = stack.config["volumes"][f"party-{i}-data"]["name"]
             if name == f"superexec-clientapp-{i}":
                 m = mounts.get(volume)
                 if m is None or m["Destination"] != "/data" or m["RW"]:
@@ -726,7 +745,7 @@ def unregistered_supernode(stack: Stack, timeout: float = 180) -> list[str]:
     key_path = command[command.index("--auth-supernode-private-key") + 1]
     mounts = [f"{v['source']}:{v['target']}:ro" if isinstance(v, dict) else v for v in spec["volumes"]]
     mounts = [v for v in mounts if v.split(":")[1] != key_path] + [f"{keys / 'auth-key'}:{key_path}:ro"]
-    name = f"{PROJECT}_unregistered-supernode"
+    name = f"{stack.project}_unregistered-supernode"
     stack.podman("rm", "-f", name, check=False)
     stack.podman(
         "run",
@@ -734,9 +753,9 @@ def unregistered_supernode(stack: Stack, timeout: float = 180) -> list[str]:
         "--name",
         name,
         "--network",
-        f"{PROJECT}_default",
+        f"{stack.project}_default",
         "--label",
-        f"com.docker.compose.project={PROJECT}",
+        f"com.docker.compose.project={stack.project}",
         "--label",
         "com.docker.compose.service=unregistered",
         *(a for m in mounts for a in ("-v", m)),
@@ -763,10 +782,12 @@ def demo(
 ) -> dict:
     """Bring the stack up, run, check, tear down. In the clear: three parties, the demo's
     strategies with party 2's SuperNode container killed when FedProx's round 2 starts. Over TLS:
-    the file's two parties, the demo run, and an unregistered SuperNode refused."""
+    the file's two parties, the demo run, and an unregistered SuperNode refused. The two stacks
+    are separate compose projects with volumes of their own: they can run at the same time."""
     t0 = time.monotonic()
     parties = 2 if tls else 3
-    stack = Stack(podman, torch, tls=tls, parties=parties, workdir=workdir, log=log)
+    project = f"{PROJECT}-tls" if tls else PROJECT
+    stack = Stack(podman, torch, tls=tls, parties=parties, workdir=workdir, log=log, project=project)
     config, victim = (DEMO_RUN_CONFIG, None) if tls else (FAULT_RUN, f"supernode-{parties - 1}")
     with stack:
         kill, killed = stack.kill_when(victim, KILL_AT) if victim else (None, {})
@@ -810,6 +831,7 @@ def demo(
         "container-cpu-seconds": cpu,
         "load-average": [round(x, 1) for x in load],
         "runs-volume": str(runs_volume),
+        "workdir": str(stack.workdir),  # logs, certificates, the flwr CLI's FLWR_HOME
         "leftovers": leftovers,
         "problems": problems,
         "results": results,

@@ -7,11 +7,14 @@ this machine. The ServerApp and the ClientApps then run through Flower's real de
 (SuperLink, SuperNodes, SuperExecs with `--isolation process`), as they do in the containers, and
 a flag the installed Flower does not take fails here before it fails in Docker.
 
-    python -m deploy.smoke            # two parties: mixup-union, then FedProx for 2 rounds
-    python -m deploy.smoke --tls      # the same over TLS, with SuperNode authentication
+    python -m deploy.smoke            # three parties: mixup-union, then FedProx for 3 rounds with
+                                      # party 2's SuperNode killed when round 2 starts
+    python -m deploy.smoke --tls      # two parties, the demo run over TLS, with SuperNode
+                                      # authentication and an unregistered SuperNode refused
 
-tests/test_deployment.py runs both in CI. Every process is started in its own process group and
-stopped by group (children included), also when a step fails.
+The same two runs as the containers' demo (deploy/containers.py); tests/test_deployment.py runs
+both in CI. Every process is started in its own process group and stopped by group (children
+included), also when a step fails.
 """
 
 from __future__ import annotations
@@ -60,6 +63,12 @@ DEMO_RUN_CONFIG = {
     "rounds": 2,
     "runs-dir": "/app/runs",
 }
+# The run in the clear: the demo's strategies with a third party, whose SuperNode is killed when
+# FedProx's round 2 starts; reply-timeout outlasts Flower's heartbeat patience (2 x 30 s), and
+# min-parties is 2, so the two remaining parties finish the run.
+FAULT_RUN = {**DEMO_RUN_CONFIG, "rounds": 3, "min-parties": 2, "reply-timeout": 150.0}
+KILL_ROUND = 2
+KILL_AT = f"[ROUND {KILL_ROUND}/{FAULT_RUN['rounds']}]"  # Flower's log line when the round starts
 CHANCE = 0.1  # digits: ten balanced classes
 MIN_ACCURACY = {"mixup-union": 0.6, "fedprox": 0.6}  # measured: 0.95 and 0.96
 
@@ -629,29 +638,47 @@ def run_summary(tls: bool, parties: int, run: FlowerRun, results: dict) -> dict:
     }
 
 
-def smoke(tls: bool = False, parties: int = 2, workdir: Path | None = None, log: Callable[[str], None] = print) -> dict:
-    """Bring the deployment up natively, run the demo, check it, tear everything down."""
+def smoke(
+    tls: bool = False, parties: int | None = None, workdir: Path | None = None, log: Callable[[str], None] = print
+) -> dict:
+    """Bring the deployment up natively, run, check, tear everything down. In the clear: three
+    parties (by default), FAULT_RUN with the last party's SuperNode killed when FedProx's round 2
+    starts. Over TLS: two parties, the demo run, and an unregistered SuperNode refused."""
     from deploy.make_certs import make_deployment_certs
 
+    parties = parties or (2 if tls else 3)
+    if not tls and parties < FAULT_RUN["min-parties"] + 1:
+        raise DeploymentError(
+            f"parties: {parties}; the run in the clear kills one SuperNode and keeps min-parties "
+            f"{FAULT_RUN['min-parties']}, so it needs at least {FAULT_RUN['min-parties'] + 1}"
+        )
     t0 = time.monotonic()
     workdir = Path(workdir or tempfile.mkdtemp(prefix="fedsmix-smoke-"))
     files, mounts = [COMPOSE], {}
     if tls:
         files.append(TLS_OVERLAY)
         mounts[str((REPO / "deploy" / "certs").resolve())] = make_deployment_certs(workdir / "certs", parties)
+    config, victim = (DEMO_RUN_CONFIG, None) if tls else (FAULT_RUN, f"supernode-{parties - 1}")
     deployment = Deployment(files, parties, workdir, mounts, log)
     with deployment:
         up = time.monotonic() - t0
-        run = deployment.flwr_run(DEMO_RUN_CONFIG)
+        on_line, killed = deployment.kill_when(victim, KILL_AT) if victim else (None, {})
+        run = deployment.flwr_run(config, on_line=on_line)
         if not run.ok:
             raise DeploymentError(f"run {run.run_id}: {run.status} {run.details}\n{run.output[-3000:]}")
-        results = deployment.results(DEMO_RUN_CONFIG)
-        runs_dir = Path(deployment.run_config(DEMO_RUN_CONFIG)["runs-dir"])
+        results = deployment.results(config)
+        runs_dir = Path(deployment.run_config(config)["runs-dir"])
         problems = tls_checks(deployment) if tls else []
+        if victim and not killed:
+            problems.append(f"{victim} was never killed: no {KILL_AT!r} in the stream")
+        if victim and deployment.procs[victim].poll() is None:
+            problems.append(f"{victim} is still running after the kill")
     leftovers = deployment.alive()
-    problems += check_demo(results, parties, runs_dir)
+    problems += check_demo(results, parties, runs_dir, frozenset({parties - 1}) if victim else frozenset())
     return {
         **run_summary(tls, parties, run, results),
+        "dropped": results["strategies"].get("fedprox", {}).get("dropped"),
+        "killed-at": killed.get("at") if killed else None,
         "startup-seconds": round(up, 1),
         "wall-seconds": round(time.monotonic() - t0, 1),
         "leftover-pids": leftovers,
@@ -665,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tls", action="store_true", help="add docker-compose.tls.yml (TLS and SuperNode authentication)"
     )
-    parser.add_argument("--parties", type=int, default=2)
+    parser.add_argument("--parties", type=int, help="default: 3 in the clear (one is killed), 2 over TLS")
     parser.add_argument("--workdir", type=Path, help="keep logs, volumes and homes here (default: a temporary folder)")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fedsmix-smoke-"))

@@ -1,7 +1,8 @@
 """The compose demo in real containers (deploy/containers.py): Podman's Docker API and Debian's
 docker-compose run docker-compose.yml and docker-compose.tls.yml with images built offline from
 deploy/Dockerfile on a debootstrapped Debian base. Needs root; installs podman and debootstrap
-when missing. The images are built once for both stacks and stay cached in Podman's storage.
+when missing. The images are built once for both stacks and stay cached in Podman's storage; the
+two stacks (separate compose projects and volumes) then run at the same time.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ import datetime as dt
 import json
 import os
 import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from deploy import containers
-from deploy.containers import FAULT_RUN, KILL_ROUND, Podman, Stack, demo, ensure_tools, prepare_images
+from deploy.containers import Podman, Stack, demo, ensure_tools, prepare_images
 from deploy.image_requirements import requirements
-from deploy.smoke import DeploymentError
+from deploy.smoke import FAULT_RUN, KILL_ROUND, DeploymentError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,7 +51,7 @@ def test_a_third_party_overlay_copies_party_one(tmp_path):
     assert all("num-partitions=3" in " ".join(services[f"supernode-{i}"]["command"]) for i in range(3))
     assert "supernode-2:9094" in services["superexec-clientapp-2"]["command"]
     assert "party-2-data:/data:ro" in services["superexec-clientapp-2"]["volumes"]
-    assert stack.config["volumes"]["party-2-data"]["name"] == "fedsmix-party-2-data"
+    assert stack.config["volumes"]["party-2-data"]["name"] == "fedsmix-ct-party-2-data"  # never a user's volumes
     assert services["superexec-clientapp-2"]["build"]["args"]["BASE_IMAGE"] == containers.BASE_IMAGE
     assert services["supernode-2"]["image"] == f"{containers.STANDIN}/supernode:1.42.0"
     assert services["superlink"]["ports"][0]["published"] in (stack.port, str(stack.port))
@@ -93,10 +95,27 @@ def images(podman):
     return info
 
 
-def _demo(podman, images, tmp_path, tls: bool) -> dict:
-    """deploy.containers.demo: up, run, its checks (health, limits, mounts, TLS), down."""
-    summary = demo(podman, images["torch"], tls=tls, workdir=tmp_path)
-    _print("TLS stack" if tls else "plain stack", {k: v for k, v in summary.items() if k != "results"})
+@pytest.fixture(scope="module")
+def stacks(podman, images, tmp_path_factory) -> dict[str, Future]:
+    """deploy.containers.demo for both stacks at once (up, run, their checks, down), each in a
+    thread; a stack's test reads its own future, so one stack's failure is reported in its test."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return {
+            name: pool.submit(
+                demo,
+                podman,
+                images["torch"],
+                tls=name == "tls",
+                workdir=tmp_path_factory.mktemp(f"stack-{name}"),
+                log=lambda message, name=name: print(f"[{name}] {message}", flush=True),
+            )
+            for name in ("plain", "tls")
+        }
+
+
+def _demo(stacks: dict[str, Future], name: str) -> dict:
+    summary = stacks[name].result()
+    _print(f"{name} stack", {k: v for k, v in summary.items() if k != "results"})
     assert summary["status"] == "finished:completed"
     assert summary["problems"] == []
     assert summary["leftovers"] == []
@@ -110,8 +129,8 @@ def _demo(podman, images, tmp_path, tls: bool) -> dict:
 @pytest.mark.slow
 @pytest.mark.sim
 @pytest.mark.timeout(2400)
-def test_plain_stack_runs_the_demo_and_survives_a_killed_supernode(podman, images, tmp_path):
-    summary = _demo(podman, images, tmp_path, tls=False)
+def test_plain_stack_runs_the_demo_and_survives_a_killed_supernode(stacks):
+    summary = _demo(stacks, "plain")
     strategies = summary["results"]["strategies"]
     assert set(strategies["mixup-union"]["parties"]) == {"0", "1", "2"}
     prox = strategies["fedprox"]
@@ -126,11 +145,12 @@ def test_plain_stack_runs_the_demo_and_survives_a_killed_supernode(podman, image
 @pytest.mark.slow
 @pytest.mark.sim
 @pytest.mark.timeout(2400)
-def test_tls_stack_runs_the_demo_and_refuses_an_unregistered_supernode(podman, images, tmp_path):
-    summary = _demo(podman, images, tmp_path, tls=True)
+def test_tls_stack_runs_the_demo_and_refuses_an_unregistered_supernode(stacks):
+    summary = _demo(stacks, "tls")
     assert summary["dropped"] in (None, [])
-    connection = (tmp_path / "flwr-home" / "config.toml").read_text()  # what `flwr run` used: the CA, no insecure
-    assert "root-certificates" in connection and "insecure" not in connection
+    assert summary["runs-volume"] != stacks["plain"].result()["runs-volume"]  # two projects, two volumes
+    connection = (Path(summary["workdir"]) / "flwr-home" / "config.toml").read_text()
+    assert "root-certificates" in connection and "insecure" not in connection  # what `flwr run` used: the CA
 
 
 @pytest.mark.slow

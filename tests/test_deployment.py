@@ -1,6 +1,7 @@
-"""Deployment: the compose files, their flags against the installed Flower, and the two-party
-smoke test on Flower's real deployment runtime (native SuperLink, SuperNodes, SuperExecs), in
-the clear and over TLS with SuperNode authentication, plus a SuperNode killed mid-run.
+"""Deployment: the compose files, their flags against the installed Flower, and the smoke test on
+Flower's real deployment runtime (native SuperLink, SuperNodes, SuperExecs): in the clear with
+three parties and a SuperNode killed mid-FedProx, over TLS with SuperNode authentication, and a
+run that falls below min-parties.
 
 No Docker engine runs here: `docker-compose config` validates the files (Debian's docker-compose,
 which .ci/run installs) and deploy/smoke.py runs the services' own command lines natively.
@@ -29,9 +30,13 @@ from deploy import make_certs
 from deploy.smoke import (
     COMPOSE,
     DEMO_RUN_CONFIG,
+    FAULT_RUN,
+    KILL_AT,
+    KILL_ROUND,
     REPO,
     TLS_OVERLAY,
     Deployment,
+    DeploymentError,
     connection_toml,
     load_services,
     party_indices,
@@ -273,54 +278,43 @@ def _assert_smoke(summary: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.sim
-def test_two_party_deployment_smoke(tmp_path):
-    summary = smoke(tls=False, parties=2, workdir=tmp_path)
-    _assert_smoke(summary)
+def test_deployment_smoke_survives_a_supernode_killed_mid_fedprox(tmp_path):
+    """`python -m deploy.smoke`: three parties, the demo's strategies; party 2's SuperNode dies
+    (SIGKILL to its process group) when FedProx's round 2 starts, min-parties is 2."""
+    summary = smoke(tls=False, workdir=tmp_path)
+    _assert_smoke(summary)  # check_demo: all three uploads, FedProx's curve 0..3, party 2 dropped
     mix = summary["results"]["strategies"]["mixup-union"]
-    assert set(mix["parties"]) == {"0", "1"} and mix["parties-used"] == 2
+    assert set(mix["parties"]) == {"0", "1", "2"} and mix["parties-used"] == 3
+    prox = summary["results"]["strategies"]["fedprox"]
+    assert [point["round"] for point in prox["curve"]] == list(range(FAULT_RUN["rounds"] + 1))
+    assert prox["accuracy"] > 3 * 0.1  # the two remaining parties still learn digits
+    first = summary["dropped"][0]
+    assert {record["party"] for record in summary["dropped"]} == {2}
+    assert first["round"] == KILL_ROUND and "Node Unavailable" in first["reason"]
+    dropped_at = dt.datetime.strptime(first["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    assert dropped_at.timestamp() >= int(summary["killed-at"])
 
 
 @pytest.mark.slow
 @pytest.mark.sim
-def test_two_party_deployment_smoke_over_tls_with_supernode_auth(tmp_path):
-    summary = smoke(tls=True, parties=2, workdir=tmp_path)
+def test_deployment_smoke_over_tls_with_supernode_auth(tmp_path):
+    summary = smoke(tls=True, workdir=tmp_path)
     _assert_smoke(summary)
+    assert summary["parties"] == 2 and summary["dropped"] in (None, [])
     assert "Failed to activate" in (tmp_path / "logs" / "unregistered-supernode.log").read_text()
     registered = (tmp_path / "logs" / "register-supernodes.log").read_text()
     assert registered.count("register-supernodes: supernode-") == 2
 
 
+def test_the_smoke_run_in_the_clear_refuses_too_few_parties_before_starting_anything(tmp_path):
+    with pytest.raises(DeploymentError, match="parties: 2; .* needs at least 3"):
+        smoke(tls=False, parties=2, workdir=tmp_path)
+    assert not (tmp_path / "logs").exists()
+
+
 # ------------------------------------------------------------------------------ faults, slow
-FAULT_RUN = {
-    "preset": "configs/quickstart.yaml",
-    "strategies": "fedprox",
-    "rounds": 3,
-    "min-parties": 2,
-    "reply-timeout": 150.0,  # longer than Flower's heartbeat patience (2 x 30 s): the SuperLink reports the node
-    "runs-dir": "/app/runs",
-}
-
-
-@pytest.mark.slow
-@pytest.mark.sim
-def test_a_supernode_killed_mid_fedprox_drops_out_and_the_run_completes(tmp_path):
-    """Three parties, min-parties 2 (the schema's floor): party 2's SuperNode dies in round 2."""
-    with Deployment([COMPOSE], parties=3, workdir=tmp_path) as deployment:
-        on_line, killed = deployment.kill_when("supernode-2", "[ROUND 2/3]")
-        run = deployment.flwr_run(FAULT_RUN, timeout=600, on_line=on_line)
-        results = deployment.results(FAULT_RUN)
-        assert deployment.procs["supernode-2"].returncode == -9
-    assert killed, run.output[-2000:]
-    assert run.status == "finished:completed", run.details
-    prox = results["strategies"]["fedprox"]
-    assert [point["round"] for point in prox["curve"]] == [0, 1, 2, 3]
-    assert prox["accuracy"] > 3 * 0.1  # the two remaining parties still learn digits
-    assert prox["dropped"] and {record["party"] for record in prox["dropped"]} == {2}
-    first = prox["dropped"][0]
-    assert first["round"] == 2 and "Node Unavailable" in first["reason"]
-    dropped_at = dt.datetime.strptime(first["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    assert dropped_at.timestamp() >= int(killed["at"])
-    assert deployment.alive() == []
+# FedProx alone: the fault is in its rounds, and mixup-union would only add minutes.
+FEDPROX_FAULT_RUN = {**FAULT_RUN, "strategies": "fedprox"}
 
 
 @pytest.mark.slow
@@ -328,9 +322,9 @@ def test_a_supernode_killed_mid_fedprox_drops_out_and_the_run_completes(tmp_path
 def test_a_run_that_falls_below_min_parties_ends_with_a_clear_error(tmp_path):
     """Two parties, min-parties 2: party 1's SuperNode dies in round 2; the run fails, it does not hang."""
     with Deployment([COMPOSE], parties=2, workdir=tmp_path) as deployment:
-        on_line, killed = deployment.kill_when("supernode-1", "[ROUND 2/3]")
-        run = deployment.flwr_run(FAULT_RUN, timeout=600, on_line=on_line)
-        results = deployment.results(FAULT_RUN)
+        on_line, killed = deployment.kill_when("supernode-1", KILL_AT)
+        run = deployment.flwr_run(FEDPROX_FAULT_RUN, timeout=600, on_line=on_line)
+        results = deployment.results(FEDPROX_FAULT_RUN)
     assert killed, run.output[-2000:]
     assert run.status == "finished:failed"
     assert "round 2: only 1 parties replied; min-parties is 2; dropped party 1" in run.details
