@@ -417,8 +417,8 @@ def _cpu(podman: Podman) -> float:
 
 def prepare_images(podman: Podman, log: Callable[[str], None] = print) -> dict:
     """Base image, wheels and the three images; what it took (seconds, CPU seconds, bytes). Two
-    callers at once (the two stacks' tests in two pytest workers) take turns: the second finds
-    the first one's images and wheels and builds nothing."""
+    processes at once (`python -m deploy.containers` and `--tls` in two shells) take turns: the
+    second finds the first one's images and wheels and builds nothing."""
     import fcntl
 
     t0, c0 = time.monotonic(), _cpu(podman)
