@@ -53,8 +53,6 @@ from commands.launch import flower_env, free_port
 from deploy.image_requirements import requirements
 from deploy.smoke import (
     COMPOSE,
-    DEMO_RUN_CONFIG,
-    FAULT_RUN,
     KILL_AT,
     REPO,
     SERVERAPP_SERVICE,
@@ -63,6 +61,8 @@ from deploy.smoke import (
     SuperLinkClient,
     answers_plain_http,
     check_demo,
+    demo_run,
+    kill_problems,
     run_summary,
     with_parties,
 )
@@ -788,7 +788,7 @@ def demo(
     parties = 2 if tls else 3
     project = f"{PROJECT}-tls" if tls else PROJECT
     stack = Stack(podman, torch, tls=tls, parties=parties, workdir=workdir, log=log, project=project)
-    config, victim = (DEMO_RUN_CONFIG, None) if tls else (FAULT_RUN, f"supernode-{parties - 1}")
+    config, victim = demo_run(tls, parties)
     with stack:
         kill, killed = stack.kill_when(victim, KILL_AT) if victim else (None, {})
         stream = open(stack.workdir / "flwr-run.log", "w")  # the stream, each line with its time
@@ -808,10 +808,8 @@ def demo(
         results = stack.results(config)
         runs_volume = stack.volume_path(RUNS_VOLUME)
         problems = check_demo(results, parties, runs_volume, frozenset({parties - 1}) if victim else frozenset())
-        if victim and not killed:
-            problems.append(f"{victim} was never killed: no {KILL_AT!r} in the stream")
-        if victim and stack.containers()[victim]["State"] == "running":
-            problems.append(f"{victim} is running again after the kill (restart policy)")
+        running = victim is not None and stack.containers()[victim]["State"] == "running"  # restart policy?
+        problems += kill_problems(victim, killed, running)
         problems += health_checks(stack) + limit_checks(stack) + mount_checks(stack)
         if tls:
             problems += unregistered_supernode(stack)

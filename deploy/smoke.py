@@ -73,6 +73,21 @@ CHANCE = 0.1  # digits: ten balanced classes
 MIN_ACCURACY = {"mixup-union": 0.6, "fedprox": 0.6}  # measured: 0.95 and 0.96
 
 
+def demo_run(tls: bool, parties: int) -> tuple[dict, str | None]:
+    """What a deployment's demo runs (natively and in containers), and the SuperNode it kills:
+    FAULT_RUN with the last party's SuperNode killed in the clear, the plain demo over TLS."""
+    return (DEMO_RUN_CONFIG, None) if tls else (FAULT_RUN, f"supernode-{parties - 1}")
+
+
+def kill_problems(victim: str | None, killed: dict, running: bool) -> list[str]:
+    """The victim was killed when FedProx's round started, and is not running now."""
+    if victim is None:
+        return []
+    if not killed:
+        return [f"{victim} was never killed: no {KILL_AT!r} in the stream"]
+    return [f"{victim} is running again after the kill"] if running else []
+
+
 class DeploymentError(RuntimeError):
     """A service did not start, did not become healthy, or a run did not finish."""
 
@@ -658,7 +673,7 @@ def smoke(
     if tls:
         files.append(TLS_OVERLAY)
         mounts[str((REPO / "deploy" / "certs").resolve())] = make_deployment_certs(workdir / "certs", parties)
-    config, victim = (DEMO_RUN_CONFIG, None) if tls else (FAULT_RUN, f"supernode-{parties - 1}")
+    config, victim = demo_run(tls, parties)
     deployment = Deployment(files, parties, workdir, mounts, log)
     with deployment:
         up = time.monotonic() - t0
@@ -669,10 +684,7 @@ def smoke(
         results = deployment.results(config)
         runs_dir = Path(deployment.run_config(config)["runs-dir"])
         problems = tls_checks(deployment) if tls else []
-        if victim and not killed:
-            problems.append(f"{victim} was never killed: no {KILL_AT!r} in the stream")
-        if victim and deployment.procs[victim].poll() is None:
-            problems.append(f"{victim} is still running after the kill")
+        problems += kill_problems(victim, killed, victim is not None and deployment.procs[victim].poll() is None)
     leftovers = deployment.alive()
     problems += check_demo(results, parties, runs_dir, frozenset({parties - 1}) if victim else frozenset())
     return {
