@@ -173,6 +173,9 @@ class Settings(BaseModel):
     # parties, reliability
     min_parties: int = Field(2, ge=2)
     reply_timeout: float = Field(600.0, gt=0)
+    start_timeout: float = Field(
+        1800.0, gt=0, description="the wait for every party's first answer (its cold start: imports, data), once a run"
+    )
     max_upload_mb: float = Field(512.0, gt=0)
     max_upload_samples: int = Field(1_000_000, ge=1)
     fault: str = Field("", description="fault injection, e.g. 'raise:1' or 'timeout:0,2'")

@@ -72,8 +72,10 @@ class RunContext:
         """Ask every node which party it is ("query.hello", a few bytes each way), once per run.
 
         Reports can then name the party of a node that later raises or times out, and each
-        party loads its data here, so a cold start does not eat the first strategy's timeout.
-        Waits up to reply-timeout; later answers are picked up by `learn_parties()`. When every node
+        party loads its data here, so a cold start does not eat the first strategy's timeout: waits until
+        every node answered or start-timeout passed (a loaded machine can take minutes to start its Ray
+        actors and import torch; a dead node's stand-in error reply ends the wait for it). Later answers
+        are picked up by `learn_parties()`. When every node
         answered and every answer is an error (a setting no party can run with, e.g. a hand-run `flwr run`
         whose run config the CLI never checked), every strategy would fail the same way: RunAborted, naming why.
         """
@@ -83,7 +85,7 @@ class RunContext:
             for node in self.nodes()
         ]
         self._hello = set(self.grid.push_messages(messages))  # not booked as any strategy's traffic
-        parties = self.learn_parties(wait=self.settings.reply_timeout)
+        parties = self.learn_parties(wait=self.settings.start_timeout)
         if parties or self._hello or not self._hello_errors:
             return parties
         reasons = sorted(set(self._hello_errors.values()))

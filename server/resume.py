@@ -19,8 +19,8 @@ from fedsmix.runs import link_latest
 # not what it computes (which strategies still run, where files go, how long to wait, faults).
 MAY_CHANGE = frozenset(
     {
-        "preset", "resume", "fault", "reply-timeout", "strategies", "runs-dir", "run-name", "device", "data-dir",
-        "feature-cache-dir", "download", "min-parties", "checkpoint-every", "eval-every",
+        "preset", "resume", "fault", "reply-timeout", "start-timeout", "strategies", "runs-dir", "run-name", "device",
+        "data-dir", "feature-cache-dir", "download", "min-parties", "checkpoint-every", "eval-every",
     }
 )
 

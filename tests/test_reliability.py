@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,6 @@ from clients.app import app as client_app
 from commands.simulate import simulate
 from fedsmix.config import load_settings
 from server.results import render
-
-pytestmark = pytest.mark.sim  # every test here starts Ray
 
 PARTIES = 3
 BASE = {
@@ -56,12 +55,14 @@ def baseline(tmp_path_factory):
     return simulate({**BASE, "runs-dir": str(runs)}, num_parties=PARTIES)
 
 
+@pytest.mark.sim  # starts Ray
 def test_same_seed_is_bit_identical(baseline, runs_dir):
     again = simulate({**BASE, "runs-dir": runs_dir}, num_parties=PARTIES)
     assert manifest(again) == manifest(baseline)  # every party's upload: same sha256
     assert outcome(again) == outcome(baseline)  # accuracy, loss, weights, per-party and per-round metrics
 
 
+@pytest.mark.sim  # starts Ray
 def test_another_seed_gives_other_encodings(baseline, runs_dir):
     other = simulate({**BASE, "strategies": "mixup-union", "seed": 1, "runs-dir": runs_dir}, num_parties=PARTIES)
     ours, theirs = manifest(baseline), manifest(other)
@@ -70,6 +71,7 @@ def test_another_seed_gives_other_encodings(baseline, runs_dir):
         assert ours[party][0] != theirs[party][0], party  # encoded inputs differ for every party
 
 
+@pytest.mark.sim  # starts Ray
 def test_interrupted_training_resumes_to_the_same_model(baseline, tmp_path):
     runs = str(tmp_path / "runs")
     settings = {**BASE, "strategies": "mixup-union", "runs-dir": runs}
@@ -98,6 +100,7 @@ def test_interrupted_training_resumes_to_the_same_model(baseline, tmp_path):
     assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in weights)
 
 
+@pytest.mark.sim  # starts Ray
 def test_resume_reverifies_uploads_and_asks_only_for_the_damaged_one(baseline, tmp_path):
     runs = str(tmp_path / "runs")
     settings = {**BASE, "strategies": "mixup-union", "runs-dir": runs}
@@ -115,6 +118,7 @@ def test_resume_reverifies_uploads_and_asks_only_for_the_damaged_one(baseline, t
     assert mix["weights-sha256"] == baseline["strategies"]["mixup-union"]["weights-sha256"]
 
 
+@pytest.mark.sim  # starts Ray
 def test_resume_refuses_other_settings(baseline):
     with pytest.raises(Exception, match=r"resume: .* other settings \(epochs: 4 -> 5"):
         simulate(
@@ -123,6 +127,7 @@ def test_resume_refuses_other_settings(baseline):
         )
 
 
+@pytest.mark.sim  # starts Ray
 def test_a_party_that_times_out_is_dropped_in_every_strategy(runs_dir):
     """Party 2 stalls past the reply timeout in mixup-union, local-only and FedProx (FedAvg is the
     same class with mu = 0). One actor per party, so the stalled one holds up nobody."""
@@ -194,3 +199,36 @@ def test_pushed_messages_name_their_node_for_the_superlinks_stand_in_replies(tas
     assert ids == ["id-11", "id-12"]
     assert destinations == {"id-11": 11, "id-12": 12}
     assert to_node[11] > 0 and to_node[12] > 0
+
+
+def test_the_hello_waits_for_a_slow_cold_start_past_the_reply_timeout(task_identity):
+    """A loaded machine can take minutes to start the Ray actors and import torch. The hello waits up to
+    start-timeout for every party, so the first strategy's reply-timeout starts with warm parties."""
+    from types import SimpleNamespace
+
+    from server.context import RunContext
+
+    class SlowStart:  # three nodes whose hello replies arrive 1.5 s after they were sent
+        def get_node_ids(self):
+            return [11, 12, 13]
+
+        def push_messages(self, messages):
+            self.sent, self.ids = time.monotonic(), [f"hello-{msg.metadata.dst_node_id}" for msg in messages]
+            return list(self.ids)
+
+        def pull_messages(self, ids):
+            if time.monotonic() - self.sent < 1.5:
+                return []
+            return [reply(message_id) for message_id in self.ids if message_id in ids]
+
+    def reply(message_id: str):
+        node = int(message_id.split("-")[1])
+        metadata = SimpleNamespace(reply_to_message_id=message_id, src_node_id=node)
+        return SimpleNamespace(metadata=metadata, has_error=lambda: False, content={"metrics": {"party": node - 11}})
+
+    def introduce(**timeouts) -> dict[int, int]:
+        settings = load_settings({"preset": "configs/quickstart.yaml", **timeouts})
+        return RunContext(settings=settings, grid=SlowStart(), run_dir=None, device="cpu").introduce()
+
+    assert introduce(**{"reply-timeout": 0.5, "start-timeout": 5.0}) == {11: 0, 12: 1, 13: 2}
+    assert introduce(**{"reply-timeout": 5.0, "start-timeout": 0.5}) == {}  # the start, not the reply, timeout
