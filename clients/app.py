@@ -21,6 +21,7 @@ from fedsmix.faults import maybe_fail
 from fedsmix.party import dp_sgd_spent, load_partition, personalize, prepare_upload, score_candidates, train_local
 from fedsmix.progress import Progress
 from fedsmix.space import load_test
+from fedsmix.training import warm_up
 
 app = ClientApp()
 CLIPPING_NORM = "clipping_norm"  # the key Flower's DifferentialPrivacyClientSideFixedClipping sends
@@ -60,10 +61,11 @@ def ray_node() -> dict[str, str]:
 
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
-    """Say which party this node is (and, under Ray, on which Ray node it runs); load the partition now (a cold
-    start happens here, not in a timed phase)."""
+    """Say which party this node is (and, under Ray, on which Ray node it runs); load the partition and warm up
+    training now (a cold start happens here, within start-timeout, not in a phase timed by reply-timeout)."""
     settings, party, num_parties = _settings(msg, context)
     part = load_partition(settings, party, num_parties)
+    warm_up()
     where = {"node": ConfigRecord(node)} if (node := ray_node()) else {}
     return _reply(msg, {"party": party, "num-examples": len(part.labels)}, **where)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -232,3 +234,22 @@ def test_the_hello_waits_for_a_slow_cold_start_past_the_reply_timeout(task_ident
 
     assert introduce(**{"reply-timeout": 0.5, "start-timeout": 5.0}) == {11: 0, 12: 1, 13: 2}
     assert introduce(**{"reply-timeout": 5.0, "start-timeout": 0.5}) == {}  # the start, not the reply, timeout
+
+
+def test_the_hello_pays_for_the_first_training_steps_lazy_imports():
+    """The first torch optimizer of a process imports torch._dynamo (a minute per Ray actor on a loaded machine):
+    after a party's hello, building one imports nothing more, so no reply-timeout pays for the cold start."""
+    code = (
+        "import sys, torch\n"
+        "from flwr.supercore.task_identity import TaskIdentity\n"
+        "from tests.test_reliability import ask\n"
+        "TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0\n"
+        "from fedsmix.config import load_settings\n"
+        "ask('query.hello', {'settings': load_settings({'preset': 'configs/quickstart.yaml'}).to_json()})\n"
+        "before = set(sys.modules)\n"
+        "torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())\n"
+        "print(sorted(set(sys.modules) - before)[:5])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
