@@ -65,8 +65,8 @@ DEMO_RUN_CONFIG = {
 }
 # The run in the clear: the demo's strategies with a third party, whose SuperNode is killed when
 # FedProx's round 2 starts; reply-timeout outlasts Flower's heartbeat patience (2 x 30 s) with room
-# for a loaded machine (under make test's own load, average 11-14, an honest party answered a digits
-# round in 2 min 43 s, and one missed 150 s), and min-parties is 2, so the two remaining parties finish the run.
+# for a loaded machine (under make test's own load, average 11-14, honest parties answered a digits
+# round in 2 min 43 s and one missed 150 s); min-parties is 2, so the two remaining parties finish the run.
 FAULT_RUN = {**DEMO_RUN_CONFIG, "rounds": 3, "min-parties": 2, "reply-timeout": 300.0}
 KILL_ROUND = 2
 KILL_AT = f"[ROUND {KILL_ROUND}/{FAULT_RUN['rounds']}]"  # Flower's log line when the round starts

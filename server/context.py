@@ -71,13 +71,13 @@ class RunContext:
     def introduce(self) -> dict[int, int]:
         """Ask every node which party it is ("query.hello", a few bytes each way), once per run.
 
-        Reports can then name the party of a node that later raises or times out, and each
-        party loads its data here, so a cold start does not eat the first strategy's timeout: waits until
-        every node answered or start-timeout passed (a loaded machine can take minutes to start its Ray
-        actors and import torch; a dead node's stand-in error reply ends the wait for it). Later answers
-        are picked up by `learn_parties()`. When every node
-        answered and every answer is an error (a setting no party can run with, e.g. a hand-run `flwr run`
-        whose run config the CLI never checked), every strategy would fail the same way: RunAborted, naming why.
+        Reports can then name the party of a node that later raises or times out, and each party loads
+        its data and warms up here, so a cold start does not eat the first strategy's reply-timeout: waits
+        until every node answered or start-timeout passed (a loaded machine can take minutes to start its
+        Ray actors and import torch; a dead node's stand-in error reply ends the wait for it). Later answers
+        are picked up by `learn_parties()`. When every node answered and every answer is an error (a
+        setting no party can run with, e.g. a hand-run `flwr run` whose run config the CLI never checked),
+        every strategy would fail the same way: RunAborted, naming why.
         """
         config = ConfigRecord({"settings": self.settings.to_json()})
         messages = [

@@ -221,19 +221,19 @@ def test_the_hello_waits_for_a_slow_cold_start_past_the_reply_timeout(task_ident
         def pull_messages(self, ids):
             if time.monotonic() - self.sent < 1.5:
                 return []
-            return [reply(message_id) for message_id in self.ids if message_id in ids]
+            return [answer(message_id) for message_id in self.ids if message_id in ids]
 
-    def reply(message_id: str):
+    def answer(message_id: str):
         node = int(message_id.split("-")[1])
         metadata = SimpleNamespace(reply_to_message_id=message_id, src_node_id=node)
         return SimpleNamespace(metadata=metadata, has_error=lambda: False, content={"metrics": {"party": node - 11}})
 
-    def introduce(**timeouts) -> dict[int, int]:
-        settings = load_settings({"preset": "configs/quickstart.yaml", **timeouts})
+    def introduce(reply: float, start: float) -> dict[int, int]:
+        settings = load_settings({"preset": "configs/quickstart.yaml", "reply-timeout": reply, "start-timeout": start})
         return RunContext(settings=settings, grid=SlowStart(), run_dir=None, device="cpu").introduce()
 
-    assert introduce(**{"reply-timeout": 0.5, "start-timeout": 5.0}) == {11: 0, 12: 1, 13: 2}
-    assert introduce(**{"reply-timeout": 5.0, "start-timeout": 0.5}) == {}  # the start, not the reply, timeout
+    assert introduce(reply=0.5, start=5.0) == {11: 0, 12: 1, 13: 2}
+    assert introduce(reply=5.0, start=0.5) == {}  # the start, not the reply, timeout
 
 
 def test_the_hello_pays_for_the_first_training_steps_lazy_imports():
