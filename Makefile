@@ -10,7 +10,12 @@ export FLWR_HOME ?= $(CURDIR)/.flwr
 export RAY_TMPDIR ?= /tmp/ray
 export RAY_USAGE_STATS_ENABLED ?= 0
 
-.PHONY: run test test-fast lint clean-runs
+.PHONY: run test test-fast lint clean-runs system
+
+# the system packages the tests need (docker-compose, podman, debootstrap, dataset-fashion-mnist): installed with
+# apt-get when missing, or a message naming them and the command to run
+system:
+	@sh deploy/system-packages.sh
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,11 +30,11 @@ run: $(STAMP)
 # timeouts), so it runs in TEST_WORKERS pytest-xdist workers, one test file per worker at a time
 # (module fixtures are built once); tests/conftest.py starts the two longest files first.
 TEST_WORKERS ?= 3
-test: $(STAMP)
+test: system $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: system $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -m "not slow and not sim" $(PYTEST_ARGS)
 

@@ -39,7 +39,7 @@ from fedsmix.progress import FILE as PROGRESS_FILE
 from fedsmix.progress import SILENT, Progress
 from fedsmix.runs import atomic_write_json, new_run_dir
 from fedsmix.space import load_test, load_train_all, mixing_shape, upload_shape
-from fedsmix.training import state_digest
+from fedsmix.training import state_digest, state_sketch
 from server.plausibility import examine, quarantine
 
 PAYLOAD = "array payload (direct engine, no wire framing)"
@@ -136,6 +136,7 @@ def mixup_union(settings: Settings, num_parties: int, test, device: str, progres
         "parties": {str(p): v for p, v in parties.items()}, "dropped": [], "rejected": [], "quarantined": quarantined,
         "upload-seconds": t_upload, "train-seconds": selection.report.get("seconds"),
         "epochs": selection.report.get("epochs", 0), "weights-sha256": state_digest(selection.model),
+        "weights-sketch": state_sketch(selection.model),
     }
     if settings.return_model and encoder_state is None:  # mixcon: the head reads h(x), has no BatchNorm
         state = {k: v.detach().cpu() for k, v in selection.model.state_dict().items()}
@@ -244,6 +245,7 @@ def federated(
         "dropped": [],
         "rejected": [],
         "weights-sha256": state_digest(model),
+        "weights-sketch": state_sketch(model),
         "wall-seconds": time.perf_counter() - t0,
         "mean-bytes-up-per-party": per_round * settings.rounds,
         "mean-bytes-down-per-party": per_round * settings.rounds,
@@ -285,6 +287,7 @@ def centralized(settings: Settings, num_parties: int, test, device: str, progres
         "train-size": len(labels),
         "train-seconds": report.seconds,
         "weights-sha256": state_digest(model),
+        "weights-sketch": state_sketch(model),
         "wall-seconds": time.perf_counter() - t0,
         "dropped": [],
         "rejected": [],

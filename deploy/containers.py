@@ -81,7 +81,7 @@ DEBIAN = {
     "include": "python3,python3-venv,ca-certificates,passwd",
     "mirror": os.environ.get("FEDSMIX_DEBIAN_MIRROR", "http://deb.debian.org/debian"),
 }
-TOOLS = {"podman": "podman", "debootstrap": "debootstrap", "docker-compose": "docker-compose"}
+TOOLS = ("podman", "debootstrap", "docker-compose")
 FLOWER_UID = 49999  # the flwr/* images run as uid 49999 ("app"); so do the stand-ins
 RUNS_VOLUME = "server-runs"
 IMAGES_LOCK = Path("/var/tmp/fedsmix-images.lock")  # Podman's image store is the machine's: one build at a time
@@ -103,16 +103,14 @@ def _tail(out: subprocess.CompletedProcess, chars: int = 3000) -> str:
 
 # ---------------------------------------------------------------------------------- tools
 def ensure_tools(log: Callable[[str], None] = print) -> None:
-    """Install podman, debootstrap and docker-compose with apt-get when missing (needs root)."""
-    missing = [package for tool, package in TOOLS.items() if shutil.which(tool) is None]
-    if not missing:
+    """The system packages (podman, debootstrap, docker-compose): deploy/system-packages.sh installs what is
+    missing with apt-get, or fails naming the packages and the command that installs them."""
+    if all(shutil.which(tool) for tool in TOOLS):
         return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise DeploymentError(f"missing {', '.join(missing)}: install them (apt-get install -y {' '.join(missing)})")
-    log(f"installing {', '.join(missing)} with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    _run(["apt-get", "update", "-qq"], env=env, timeout=600)
-    _run(["apt-get", "install", "-y", "-qq", *missing], env=env, timeout=900)
+    out = _run(["sh", str(REPO / "deploy" / "system-packages.sh")], check_rc=False, timeout=1500)
+    if out.returncode != 0:
+        raise DeploymentError(_tail(out))
+    log(out.stdout.strip())
 
 
 class Podman:

@@ -35,7 +35,7 @@ from fedsmix.faults import interrupt_after
 from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.space import mixing_shape, upload_shape
-from fedsmix.training import CheckpointMismatch, state_digest
+from fedsmix.training import CheckpointMismatch, state_digest, state_sketch
 from server.context import RunContext
 from server.plausibility import Evidence, examine, quarantine
 from server.store import UploadStore
@@ -253,6 +253,7 @@ def run(ctx: RunContext) -> dict:
         "checkpoint-discarded": checkpoint_note,
         "curve": curve,
         "weights-sha256": weights,
+        "weights-sketch": state_sketch(model),
     }
     if encoder_phase is not None:
         result["encoder"] = "mixcon"

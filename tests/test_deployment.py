@@ -4,7 +4,7 @@ three parties and a SuperNode killed mid-FedProx, over TLS with SuperNode authen
 run that falls below min-parties.
 
 No Docker engine runs here: `docker-compose config` validates the files (Debian's docker-compose,
-which .ci/run installs) and deploy/smoke.py runs the services' own command lines natively.
+which deploy/system-packages.sh installs) and deploy/smoke.py runs the services' own command lines natively.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ STACKS = {"insecure": [COMPOSE], "tls": [COMPOSE, TLS_OVERLAY]}
 
 def compose_config(files: list[Path]) -> dict:
     if shutil.which("docker-compose") is None:
-        pytest.fail("docker-compose is not installed: `apt-get install -y docker-compose` (.ci/run does this)")
+        pytest.fail("docker-compose is not installed: `make test` installs it (deploy/system-packages.sh)")
     args = [arg for path in files for arg in ("-f", str(path))]
     env = {  # Debian's python runs it; FEDSMIX_* unset: the files as a Docker user reads them
         k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME") and not k.startswith("FEDSMIX_")

@@ -258,7 +258,7 @@ def test_a_mixcon_party_uploads_h_of_its_partition(data_dir, runs_dir):
 # ----------------------------------------------------------------------------------------- Fashion-MNIST
 def test_fashion_mnist_from_debians_idx_files(tmp_path, monkeypatch):
     """No npz in the data dir: the loader reads the dataset-fashion-mnist package's idx files through
-    torchvision's reader (.ci/run installs the package)."""
+    torchvision's reader (deploy/system-packages.sh installs the package)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     test = data.load_split.__wrapped__("fashion-mnist", "test", str(tmp_path))
     assert test.images.shape == (10000, 1, 28, 28) and test.images.dtype == np.uint8

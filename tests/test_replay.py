@@ -1,12 +1,17 @@
-"""Same seeds, same bytes: the party module reproduces the uploads and weights recorded before the
-structural refactor (issue 18), through the Flower-free engine that calls the same party steps as the
-ClientApp. tests/data/pre-refactor-digests.json was written by the pre-refactor code on one thread.
+"""Same seeds, same results, on every CPU: the party module reproduces the uploads and the trained models of a
+recorded run (tests/data/replay.json) through the Flower-free engine, which calls the same party steps as the
+ClientApp. The run is small (digits, 3 parties, 2 epochs / rounds) and on one thread.
 
-Uploads are numpy and the same on every x86 CPU. Training digests depend on the kernels PyTorch dispatches to:
-the pre-refactor ones hold on the CPUs this project ran on until 2026-11-27; an AVX2-only CPU (no AVX-512) rounds
-differently, to the same accuracy. `training-by-cpu-capability` holds the digests of such a CPU (AVX2: written on
-2026-11-27 by the code that gave the pre-refactor digests on the other CPUs at the last CI run), picked by
-`torch.backends.cpu.get_cpu_capability()`; any other capability is held to the pre-refactor digests."""
+What holds where (docs/reliability.md, "Reproducibility"):
+- Upload bytes: the digests recorded by the code before the structural refactor, exact on PyTorch's vector
+  kernels (AVX2 and AVX-512: every x86-64 CPU that PyTorch dispatches to a vector kernel). PyTorch's scalar
+  kernels (`ATEN_CPU_CAPABILITY=default`, CPUs without AVX2) draw Gaussians and resize images with other
+  roundings (ulps): there the uploads agree with the record's sketch within 1e-5, labels bit for bit.
+- Trained weights: bit-identical for the same seed on the same machine (each model is trained twice here);
+  against the record, within 1 % relative distance (sketches, `fedsmix.training.sketch`) and 2 test images of
+  accuracy. Measured across kernel levels on one AVX-512 CPU: at most 0.12 % apart (local-only, 2 epochs with
+  BatchNorm), accuracies equal; a different seed or learning rate moves the weights by tens of per cent.
+"""
 
 from __future__ import annotations
 
@@ -21,16 +26,15 @@ from commands import direct
 from fedsmix.config import load_settings
 from fedsmix.party import prepare_upload
 from fedsmix.space import load_test
+from fedsmix.training import sketch, state_digest, state_sketch
 
-RECORDED = json.loads((Path(__file__).parent / "data" / "pre-refactor-digests.json").read_text())
-pytestmark = pytest.mark.usefixtures("one_thread")  # training digests depend on the thread count
-
-
-def _trained() -> dict:
-    """The training digests recorded for this CPU's kernels (see the module docstring)."""
-    import torch
-
-    return RECORDED.get("training-by-cpu-capability", {}).get(torch.backends.cpu.get_cpu_capability(), RECORDED)
+RECORDED = json.loads((Path(__file__).parent / "data" / "replay.json").read_text())
+TRAINED = RECORDED["training"]
+VECTOR_KERNELS = ("AVX2", "AVX512")  # torch.backends.cpu.get_cpu_capability() where upload bytes are exact
+UPLOAD_TOLERANCE = 1e-5  # relative sketch distance of an upload on the scalar kernels (measured: about 1e-7)
+WEIGHTS_TOLERANCE = 0.01  # relative sketch distance of trained weights on another CPU (measured: at most 1.2e-3)
+ACCURACY_TOLERANCE = 2 / 360  # two of digits' 360 test images
+pytestmark = pytest.mark.usefixtures("one_thread")  # training bits depend on the thread count
 
 
 def _settings(data_dir: str, **extra):
@@ -44,33 +48,74 @@ def _sha(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def _distance(sketch_: list[float], recorded: list[float]) -> float:
+    a, b = np.asarray(sketch_), np.asarray(recorded)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _agrees(name: str, result: dict) -> None:
+    """A strategy's result (accuracy, weights' sketch) against the recorded run's."""
+    record = TRAINED[name]
+    assert _distance(result["weights-sketch"], record["sketch"]) <= WEIGHTS_TOLERANCE, name
+    if "accuracy" in record:
+        assert abs(result["accuracy"] - record["accuracy"]) <= ACCURACY_TOLERANCE, name
+
+
+def _twice(train) -> dict:
+    """Train twice with the same seed in this process: the weights' bytes must be equal."""
+    first, second = train(), train()
+    assert first["weights-sha256"] == second["weights-sha256"]
+    return first
+
+
 @pytest.mark.parametrize("encoder", ["singularized", "mixup", "instahide-inside", "instahide-cross"])
 def test_uploads_are_the_recorded_bytes(data_dir, encoder):
+    import torch
+
+    exact = torch.backends.cpu.get_cpu_capability() in VECTOR_KERNELS
     settings = _settings(data_dir, encoder=encoder, **({"mix-k": 4} if encoder != "singularized" else {}))
     for party in range(RECORDED["parties"]):
         upload = prepare_upload(settings, party, RECORDED["parties"])
+        key = f"{encoder}/{party}"
         assert upload.arrays["x"].dtype == np.float32
-        assert _sha(upload.arrays["x"], upload.arrays["y"]) == RECORDED["uploads"][f"{encoder}/{party}"], party
+        assert _sha(upload.arrays["y"]) == RECORDED["label-digests"][key], key
+        assert _distance(sketch([upload.arrays["x"]]), RECORDED["upload-sketches"][key]) <= UPLOAD_TOLERANCE, key
+        if exact:
+            assert _sha(upload.arrays["x"], upload.arrays["y"]) == RECORDED["uploads"][key], key
 
 
 def test_models_are_the_recorded_weights(data_dir):
-    settings, parties, trained = _settings(data_dir), RECORDED["parties"], _trained()
+    settings, parties = _settings(data_dir), RECORDED["parties"]
     test = load_test(settings)
-    mix = direct.mixup_union(settings.replace(trainer="mlp", return_model=False), parties, test, "cpu")
-    assert mix["weights-sha256"] == trained["mixup-union"]["weights"]
-    assert mix["accuracy"] == trained["mixup-union"]["accuracy"]
+    mixup = settings.replace(trainer="mlp", return_model=False)
+    _agrees("mixup-union", _twice(lambda: direct.mixup_union(mixup, parties, test, "cpu")))
     for mode in ("fedavg", "fedprox"):
-        assert direct.federated(settings, parties, test, "cpu", mode)["weights-sha256"] == trained[mode], mode
-    assert direct.centralized(settings, parties, test, "cpu")["weights-sha256"] == trained["centralized"]
+        _agrees(mode, _twice(lambda mode=mode: direct.federated(settings, parties, test, "cpu", mode)))
+    _agrees("centralized", _twice(lambda: direct.centralized(settings, parties, test, "cpu")))
 
 
 def test_local_training_is_the_recorded_step(data_dir):
     from fedsmix.models import new_classifier
     from fedsmix.party import load_partition, train_local
     from fedsmix.space import mixing_shape
-    from fedsmix.training import state_digest
 
     settings = _settings(data_dir)
     initial = new_classifier(settings, mixing_shape(settings), 10).state_dict()
-    result = train_local(settings, load_partition(settings, 0, RECORDED["parties"]), initial, mode="local-only")
-    assert state_digest(result.model) == _trained()["local-only-0"]
+    partition = load_partition(settings, 0, RECORDED["parties"])
+    models = [train_local(settings, partition, initial, mode="local-only").model for _ in range(2)]
+    assert state_digest(models[0]) == state_digest(models[1])
+    assert _distance(state_sketch(models[0]), TRAINED["local-only-0"]["sketch"]) <= WEIGHTS_TOLERANCE
+
+
+def test_the_tolerance_tells_another_run_from_rounding(data_dir):
+    """The weights' tolerance is no blanket: one more seed, or another learning rate, lands far outside it."""
+    from fedsmix.models import new_classifier
+    from fedsmix.party import load_partition, train_local
+    from fedsmix.space import mixing_shape
+
+    for change in ({"seed": RECORDED["settings"]["seed"] + 1}, {"lr": 2e-3}):
+        settings = _settings(data_dir, **change)
+        initial = new_classifier(settings, mixing_shape(settings), 10).state_dict()
+        partition = load_partition(settings, 0, RECORDED["parties"])
+        model = train_local(settings, partition, initial, mode="local-only").model
+        assert _distance(state_sketch(model), TRAINED["local-only-0"]["sketch"]) > 10 * WEIGHTS_TOLERANCE, change

@@ -430,7 +430,9 @@ def instahide_neighbours(x_tilde: torch.Tensor, prior: GaussianPrior | None = No
     n = len(x_tilde)
     mag = x_tilde.reshape(n, -1).double().abs()
     z = mag - mag.mean(dim=0)
-    k = min(n // 4, 64)  # a few: more would remove the differences between images too (few distinct images)
+    # a few, and at most half as many as there are distinct private images (about n / (top + 1) when each
+    # appears top + 1 times): more would remove the differences between the images too, leaving rounding noise
+    k = min(n // 4, 64, n // (2 * (top + 1)))
     if k > 0:  # remove the leading common directions (brightness, layout), shared by all encodings alike
         with torch.random.fork_rng(devices=[]):  # the same ranking for the same upload (a seeded sketch)
             torch.manual_seed(0)
