@@ -282,7 +282,7 @@ def test_deployment_smoke_survives_a_supernode_killed_mid_fedprox(tmp_path):
     """`python -m deploy.smoke`: three parties, the demo's strategies; party 2's SuperNode dies
     (SIGKILL to its process group) when FedProx's round 2 starts, min-parties is 2."""
     summary = smoke(tls=False, workdir=tmp_path)
-    _assert_smoke(summary)  # check_demo: all three uploads, FedProx's curve 0..3, party 2 dropped
+    _assert_smoke(summary)  # check_demo: all three uploads, FedProx's curve 0..2, party 2 dropped
     mix = summary["results"]["strategies"]["mixup-union"]
     assert set(mix["parties"]) == {"0", "1", "2"} and mix["parties-used"] == 3
     prox = summary["results"]["strategies"]["fedprox"]
