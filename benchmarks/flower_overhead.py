@@ -1,10 +1,9 @@
 """Benchmark 2: mixup-union through `flwr run` (simulation) vs the same pipeline in-process.
 
 Same settings, same seed: 30 parties of CIFAR-10 encode (singularized mixup, pixel space) and
-the server trains the CNN on the union for `--epochs`. The in-process side is
-commands.direct.mixup_union, the party's and server's own steps without Flower (no Ray, no validation
-or upload store); it
-runs before and after the Flower run and the mean is the reference. Both sides train the same
+the server trains the CNN on the union for `--epochs`. The in-process side is the in-process transport
+(commands/inprocess.py: the same ServerApp and ClientApp, the same messages, without Ray, a SuperLink or the
+`flwr` CLI); it runs before and after the Flower run and the mean is the reference. Both sides train the same
 weights (the digest is compared). Target: Flower run <= 1.3x in-process.
 
     .venv/bin/python benchmarks/flower_overhead.py [--parties 30] [--epochs 1]
@@ -18,12 +17,9 @@ import time
 
 from common import DATA_DIR, PROJECT, TreeMemorySampler, write
 
-from commands.direct import mixup_union
+from commands import inprocess
 from commands.federation import DEFAULT_FEDERATION
 from commands.launch import flower_env, flwr_run, free_port, superlink_pids
-from fedsmix.config import load_settings
-from fedsmix.device import select_device
-from fedsmix.space import load_test
 
 RUNS = PROJECT / "benchmarks" / "runs"
 
@@ -40,10 +36,8 @@ def settings_for(args) -> dict:
 
 
 def in_process(overrides: dict, parties: int) -> dict:
-    settings = load_settings(overrides)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    device = select_device(settings.device)
-    result = mixup_union(settings, parties, load_test(settings), device)
+    result = inprocess.run(overrides, parties)["strategies"]["mixup-union"]
     result["process-seconds"] = time.perf_counter() - t0
     result["cpu-seconds"] = time.process_time() - cpu0
     print(f"in-process: {result['process-seconds']:.1f} s, accuracy {result['accuracy']:.4f}", flush=True)

@@ -1,8 +1,8 @@
 """One bad party of ten: accuracy clean vs with each fault, for every strategy variant, and whether it was caught.
 
 The quick-start setting (digits, 10 Dirichlet(0.5) parties, tau = 1, 30 epochs; FedAvg/FedProx 10 rounds of
-1 local epoch) through the Flower-free engine (commands/direct.py: the very party steps and plausibility
-checks of the ServerApp; FedAvg/FedProx aggregated by Flower's own aggregators). Party 3 is the bad one.
+1 local epoch) through the in-process transport (commands/inprocess.py: the real ServerApp and ClientApp, their
+plausibility checks and Flower's own aggregators, without Ray). Party 3 is the bad one.
 Runs one after another, each ~20-60 s on 2 busy cores; results are appended to
 benchmarks/results/robustness.json as they finish, and a finished row is not run again (--fresh to redo).
 
@@ -18,7 +18,7 @@ import time
 
 from common import PROJECT, RESULTS, write
 
-from commands import direct
+from commands import inprocess
 from fedsmix.config import load_settings
 from fedsmix.tables import fmt, markdown
 
@@ -52,7 +52,7 @@ def run_row(variant: str, fault: str) -> dict:
     settings = load_settings({"preset": "configs/quickstart.yaml", **overrides, **FAULTS[fault],
                               "runs-dir": str(PROJECT / "benchmarks" / "runs"), "run-name": "robustness"})
     t0 = time.perf_counter()
-    (name, res), = direct.run(settings, PARTIES)["strategies"].items()
+    (name, res), = inprocess.run(settings, PARTIES)["strategies"].items()
     return {
         "variant": variant, "fault": fault, "strategy": name, "accuracy": res["accuracy"],
         "quarantined": res.get("quarantined", []), "parties-used": res.get("parties-used"),

@@ -2,9 +2,9 @@
 
 load_partition -> prepare_upload (calibrate, encode, upload dtype, report) for mixup-union (with
 encoder=mixcon the encoding is the cut-layer representation h(x) under the h the server shipped);
-train_local for local-only training and for one FedAvg/FedProx round. The ClientApp handlers,
-the Flower-free engine, the benchmarks, the frontier's replay and the simulation oracle call
-these functions and nothing else, so a replay is bit-for-bit what the party sent.
+train_local for local-only training and for one FedAvg/FedProx round. The ClientApp handlers (on
+Flower's runtime or the in-process transport), the benchmarks, the frontier's replay and the simulation
+oracle call these functions and nothing else, so a replay is bit-for-bit what the party sent.
 
 Everything is a pure function of (settings, party, number of parties): every random choice
 draws from a generator seeded with (seed, party, purpose).

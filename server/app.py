@@ -37,6 +37,7 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
             "run-dir": str(run_dir),
             "settings": dump_settings(settings),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "transport": getattr(grid, "transport", "flower"),  # Flower's runtime, or the in-process transport
             "strategies": {},
         }
     progress = Progress(run_dir / PROGRESS_FILE, interval=settings.progress_interval)

@@ -11,7 +11,7 @@ from fedsmix import data as datalib
 from fedsmix.central import test_accuracy, train_classifier
 from fedsmix.space import load_train_all, mixing_shape
 from server.context import RunContext
-from strategies.common import epoch_hook
+from strategies.common import epoch_hook, weights_record
 
 
 def run(ctx: RunContext) -> dict:
@@ -31,6 +31,7 @@ def run(ctx: RunContext) -> dict:
         "train-size": len(labels),
         "train-seconds": report.seconds,
         "wall-seconds": time.perf_counter() - t0,
+        **weights_record(model),
         "dropped": [],
         "rejected": [],
     }

@@ -9,6 +9,7 @@ import torch
 from flwr.app import ConfigRecord, Message
 
 from fedsmix.central import test_accuracy
+from fedsmix.training import state_digest, state_sketch
 from server.context import RunAborted, RunContext
 
 
@@ -92,6 +93,11 @@ def require_parties(ctx: RunContext, valid: int, what: str, **details) -> None:
         raise RunAborted(
             f"{what}: only {valid} valid parties remain; min-parties is {ctx.settings.min_parties}", details
         )
+
+
+def weights_record(model: torch.nn.Module) -> dict:
+    """The trained weights' digest (equal bytes, equal weights) and sketch (comparable across CPUs)."""
+    return {"weights-sha256": state_digest(model), "weights-sketch": state_sketch(model)}
 
 
 def bytes_summary(ctx: RunContext, nodes: list[int]) -> dict:

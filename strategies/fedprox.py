@@ -33,7 +33,7 @@ from fedsmix.seeding import derive_seed
 from fedsmix.space import mixing_shape
 from server.context import RunAborted, RunContext
 from strategies import dp_fedavg
-from strategies.common import bytes_summary, split_replies
+from strategies.common import bytes_summary, split_replies, weights_record
 
 AGGREGATORS = {
     "fedavg": FedAvg, "fedmedian": FedMedian, "fedtrimmedavg": FedTrimmedAvg,
@@ -197,6 +197,7 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[
         "train-metrics": train_metrics,
         "local-train-seconds": sum(float(m.get("train-seconds", 0.0)) for m in train_metrics.values()),
         "global-model": str(path),
+        **weights_record(model),
         **extra,
         **bytes_summary(ctx, nodes),
     }
@@ -222,9 +223,9 @@ class _Reply:
 
 
 def aggregate_states(settings: Settings, replies: list[tuple[dict, int]], previous: dict) -> dict:
-    """Flower's `aggregation` aggregator on (state dict, num-examples) pairs in party order, outside a run
-    (the Flower-free engine's FedAvg/FedProx with a robust aggregator); `previous` when it declines (Bulyan
-    with fewer than 4f + 3 replies)."""
+    """Flower's `aggregation` aggregator on (state dict, num-examples) pairs in party order, outside a run (what
+    a round's aggregate would be, for tests and benchmarks); `previous` when it declines (Bulyan with fewer than
+    4f + 3 replies)."""
     strategy = AGGREGATORS[settings.aggregation]()
     for name, value in aggregator_options(settings, len(replies)).items():
         setattr(strategy, name, value)

@@ -35,7 +35,7 @@ from fedsmix.faults import interrupt_after
 from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.space import mixing_shape, upload_shape
-from fedsmix.training import CheckpointMismatch, state_digest, state_sketch
+from fedsmix.training import CheckpointMismatch
 from server.context import RunContext
 from server.plausibility import Evidence, examine, quarantine
 from server.store import UploadStore
@@ -48,6 +48,7 @@ from strategies.common import (
     settings_config,
     source_node,
     unanswered,
+    weights_record,
 )
 
 
@@ -252,8 +253,7 @@ def run(ctx: RunContext) -> dict:
         "resumed-from-epoch": report.get("resumed-from", 0),
         "checkpoint-discarded": checkpoint_note,
         "curve": curve,
-        "weights-sha256": weights,
-        "weights-sketch": state_sketch(model),
+        **weights,
     }
     if encoder_phase is not None:
         result["encoder"] = "mixcon"
@@ -317,9 +317,9 @@ def return_round(ctx: RunContext, selection: Selection, parties: list[int]) -> d
     return summary
 
 
-def _save_model(ctx: RunContext, model: torch.nn.Module) -> str:
-    """The trained model beside the uploads (atomic write); returns the weights' digest."""
+def _save_model(ctx: RunContext, model: torch.nn.Module) -> dict:
+    """The trained model beside the uploads (atomic write); returns the weights' digest and sketch."""
     buffer = io.BytesIO()
     torch.save(model.cpu().state_dict(), buffer)
     atomic_write_bytes(ctx.run_dir / "models" / "mixup-union.pt", buffer.getvalue())
-    return state_digest(model)
+    return weights_record(model)

@@ -171,8 +171,8 @@ def test_published_partition_keys_are_checked():
 
 
 def test_a_poor_party_the_federation_lacks_is_refused_before_anything_runs(tmp_path, capsys):
-    """`run` (before Flower starts) and the direct engine (before a run directory exists) name the key."""
-    from commands import direct
+    """`run` (before Flower starts) and the in-process transport (before a run directory exists) name the key."""
+    from commands import inprocess
     from commands.cli import main as cli
 
     runs = tmp_path / "runs"
@@ -181,7 +181,7 @@ def test_a_poor_party_the_federation_lacks_is_refused_before_anything_runs(tmp_p
     assert cli(["run", *argv, "--parties", "5"]) == 2
     assert "poor-party: 5 is outside 0..4 (5 parties)" in capsys.readouterr().err
     with pytest.raises(SettingsError, match="poor-party: 5 is outside 0..2"):
-        direct.run(load_settings(bad), 3)
+        inprocess.run(load_settings(bad), 3)
     assert not runs.exists()
 
 

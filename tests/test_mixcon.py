@@ -232,7 +232,7 @@ def test_rows_of_the_frontier():
 
 
 def test_a_mixcon_party_uploads_h_of_its_partition(data_dir, runs_dir):
-    from commands import direct
+    from commands import inprocess
     from fedsmix.models import new_classifier, represent
     from fedsmix.party import load_partition, prepare_upload
 
@@ -249,8 +249,8 @@ def test_a_mixcon_party_uploads_h_of_its_partition(data_dir, runs_dir):
     assert np.array_equal(upload.arrays["x"], represent(split.encoder, part.x).numpy())
     assert np.array_equal(upload.arrays["y"].argmax(1), part.labels.numpy())
     assert 0 <= upload.metrics["separability-min"] <= upload.metrics["separability-mean"] <= 4
-    # the whole protocol without Flower: FedAvg trains h, parties upload h(x), the server trains the head
-    result = direct.run(settings, 2)["strategies"]["mixup-union"]
+    # the whole protocol in one process: FedAvg trains h, parties upload h(x), the server trains the head
+    result = inprocess.run(settings, 2)["strategies"]["mixup-union"]
     assert result["encoder"] == "mixcon" and result["union-size"] == 600 and 0 <= result["accuracy"] <= 1
     assert result["parties"]["1"]["upload-bytes"] == 300 * (400 + 10) * 4
 

@@ -154,17 +154,17 @@ def assert_events_in_order(events: list[dict], settings, parties: int) -> None:
         assert own[-1]["accuracy"] is not None
 
 
-def test_direct_engine_events_in_order_for_each_strategy(tmp_path, one_thread, capsys):
-    from commands import direct
+def test_inprocess_transport_events_in_order_for_each_strategy(tmp_path, one_thread, capsys):
+    from commands import inprocess
 
     settings = load_settings({"preset": "configs/quickstart.yaml", "runs-dir": str(tmp_path / "runs"),
                               "strategies": "mixup-union,local-only,fedavg,centralized", "epochs": 2, "rounds": 2,
                               "train-subset": 600})
-    results = direct.run(settings, 2)
+    results = inprocess.run(settings, 2)
     events = read_events(tmp_path / "runs" / "latest" / FILE)
     assert_events_in_order(events, settings, parties=2)
     out = capsys.readouterr().out  # the same events, one line each, on stdout; besides, the parties' own epochs
-    lines = [line for line in out.splitlines() if line.startswith("fedsmix")]
+    lines = [line for line in out.splitlines() if line.startswith("fedsmix") and not line.startswith("fedsmix:")]
     assert [line for line in lines if " local training epoch " not in line] == [describe(e) for e in events]
     assert any(line.startswith("fedsmix [local-only] party 1 local training epoch 2/2") for line in lines)
     assert results["dataset"]["name"] == "digits"
@@ -173,7 +173,7 @@ def test_direct_engine_events_in_order_for_each_strategy(tmp_path, one_thread, c
 @pytest.mark.sim
 def test_simulation_events_in_order_and_never_silent_for_long(data_dir, runs_dir):
     """MNIST through the real ServerApp and ClientApps (Flower's simulation engine): the same order as the
-    direct engine, test accuracy in the epoch lines (eval-every), and no silence longer than the watchdog's
+    in-process transport, test accuracy in the epoch lines (eval-every), and no silence longer than the watchdog's
     (2 x progress-interval, at least 5 s): with the default interval of 10 s, a line at least every ~21 s."""
     from commands.simulate import simulate
 

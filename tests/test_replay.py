@@ -1,6 +1,6 @@
-"""Same seeds, same results, on every CPU: the party module reproduces the uploads and the trained models of a
-recorded run (tests/data/replay.json) through the Flower-free engine, which calls the same party steps as the
-ClientApp. The run is small (digits, 3 parties, 2 epochs / rounds) and on one thread.
+"""Same seeds, same results, on every CPU: the party module reproduces the uploads, and the in-process transport
+(the real ServerApp and ClientApp) the trained models, of a recorded run (tests/data/replay.json). The run is
+small (digits, 3 parties, 2 epochs / rounds) and on one thread.
 
 What holds where (docs/reliability.md, "Reproducibility"):
 - Upload bytes: the digests recorded by the code before the structural refactor, exact on PyTorch's vector
@@ -22,10 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from commands import direct
+from commands import inprocess
 from fedsmix.config import load_settings
 from fedsmix.party import prepare_upload
-from fedsmix.space import load_test
 from fedsmix.training import sketch, state_digest, state_sketch
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "replay.json").read_text())
@@ -61,11 +60,12 @@ def _agrees(name: str, result: dict) -> None:
         assert abs(result["accuracy"] - record["accuracy"]) <= ACCURACY_TOLERANCE, name
 
 
-def _twice(train) -> dict:
-    """Train twice with the same seed in this process: the weights' bytes must be equal."""
-    first, second = train(), train()
-    assert first["weights-sha256"] == second["weights-sha256"]
-    return first
+@pytest.fixture(scope="module")
+def trained_twice(data_dir, one_thread, tmp_path_factory) -> list[dict]:
+    """The recorded run's strategies through the in-process transport, twice with the same seed."""
+    settings = _settings(data_dir, trainer="mlp", strategies="mixup-union,fedavg,fedprox,centralized",
+                         **{"return-model": False, "runs-dir": str(tmp_path_factory.mktemp("runs"))})
+    return [inprocess.run(settings, RECORDED["parties"])["strategies"] for _ in range(2)]
 
 
 @pytest.mark.parametrize("encoder", ["singularized", "mixup", "instahide-inside", "instahide-cross"])
@@ -84,14 +84,11 @@ def test_uploads_are_the_recorded_bytes(data_dir, encoder):
             assert _sha(upload.arrays["x"], upload.arrays["y"]) == RECORDED["uploads"][key], key
 
 
-def test_models_are_the_recorded_weights(data_dir):
-    settings, parties = _settings(data_dir), RECORDED["parties"]
-    test = load_test(settings)
-    mixup = settings.replace(trainer="mlp", return_model=False)
-    _agrees("mixup-union", _twice(lambda: direct.mixup_union(mixup, parties, test, "cpu")))
-    for mode in ("fedavg", "fedprox"):
-        _agrees(mode, _twice(lambda mode=mode: direct.federated(settings, parties, test, "cpu", mode)))
-    _agrees("centralized", _twice(lambda: direct.centralized(settings, parties, test, "cpu")))
+@pytest.mark.parametrize("strategy", ["mixup-union", "fedavg", "fedprox", "centralized"])
+def test_models_are_the_recorded_weights(trained_twice, strategy):
+    first, second = (run[strategy] for run in trained_twice)
+    assert first["weights-sha256"] == second["weights-sha256"]  # same seed, same machine: the same bytes
+    _agrees(strategy, first)
 
 
 def test_local_training_is_the_recorded_step(data_dir):

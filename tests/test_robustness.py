@@ -239,7 +239,6 @@ def test_the_strategy_keeps_fedprox_on_the_client_and_flowers_aggregator_on_the_
 
 @pytest.mark.parametrize("aggregation", ["fedmedian", "fedtrimmedavg", "krum", "multikrum", "bulyan"])
 def test_robust_aggregators_ignore_one_scaled_update(aggregation):
-    from commands.direct import aggregate
     from strategies.fedprox import aggregate_states
 
     settings = load_settings({"aggregation": aggregation})
@@ -250,7 +249,7 @@ def test_robust_aggregators_ignore_one_scaled_update(aggregation):
     bad = {"w": 100 * honest[0]["w"], "count": torch.tensor(4)}
     replies = [(state, 50) for state in honest[:3] + [bad] + honest[3:]]
     robust = aggregate_states(settings, replies, previous)
-    plain = aggregate(settings.replace(aggregation="fedavg"), previous, replies)  # the example-weighted mean
+    plain = aggregate_states(settings.replace(aggregation="fedavg"), replies, previous)  # the example-weighted mean
     assert float(plain["w"].mean()) > 10
     assert math.isclose(float(robust["w"].mean()), 1.0, abs_tol=0.15), aggregation
     assert robust["w"].dtype == torch.float32 and robust["count"].dtype == previous["count"].dtype

@@ -236,8 +236,8 @@ def test_each_bad_image_folder_is_refused_naming_the_file(tmp_path, mnist_slice,
 
 
 def test_nothing_is_written_for_a_bad_dataset(tmp_path, mnist_slice, capsys):
-    """The command line, the ServerApp and the direct engine refuse before a run directory exists."""
-    from commands import direct
+    """The command line, the ServerApp and the in-process transport refuse before a run directory exists."""
+    from commands import inprocess
     from commands.cli import main as cli
     from server.app import run_experiment
 
@@ -250,7 +250,7 @@ def test_nothing_is_written_for_a_bad_dataset(tmp_path, mnist_slice, capsys):
     with pytest.raises(DatasetError):
         run_experiment(grid=None, settings=settings)  # fails before it touches the grid
     with pytest.raises(DatasetError):
-        direct.run(settings, 2)
+        inprocess.run(settings, 2)
     assert not runs.exists()
 
 

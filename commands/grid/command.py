@@ -65,10 +65,11 @@ def register(subparsers) -> None:
     grid.add_argument("--parties", default="", help="comma-separated party counts (replaces the preset's)")
     grid.add_argument(
         "--engine",
-        choices=("simulate", "flwr", "direct"),
+        choices=("simulate", "flwr", "inprocess", "direct"),
         default="simulate",
-        help="in-process Flower simulation (default), the `flwr run` CLI per cell, or `direct`: the same "
-        "library calls without Flower (for accelerator machines without Flower/Ray; payload bytes only)",
+        help="Flower's simulation engine on Ray (default), the `flwr run` CLI per cell, or `inprocess`: the same "
+        "ServerApp and ClientApp exchanging the same messages in one process, without Ray or a SuperLink "
+        "(`direct` is its former name)",
     )
     grid.add_argument("--resume", default="", metavar="GRID_DIR", help="continue an interrupted grid in its directory")
     grid.add_argument(

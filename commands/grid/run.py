@@ -51,10 +51,10 @@ def run_cell(overrides: dict[str, Any], parties: int, engine: str, runs_dir: Pat
             )
             if not outcome.ok:
                 error = f"flwr run {outcome.run_id}: {outcome.status} (exit {outcome.returncode})"
-        elif engine == "direct":
-            from ..direct import run as run_direct
+        elif engine in ("inprocess", "direct"):  # direct: the in-process transport's former name
+            from ..inprocess import run as run_inprocess
 
-            run_direct(load_settings(overrides), parties)
+            run_inprocess(load_settings(overrides), parties)
         else:
             from ..simulate import simulate
 

@@ -1,0 +1,62 @@
+"""One protocol body, two transports: the ServerApp's strategies run unchanged over Flower's runtime (here its
+simulation engine) and over the in-process transport (commands/inprocess.py: the same ClientApp, real Messages,
+no Ray, no SuperLink), and train the same weights from the same seed."""
+
+from __future__ import annotations
+
+import pytest
+
+from commands import inprocess
+
+STRATEGIES = "mixup-union,fedavg,fedprox,centralized,local-only"
+
+
+def _overrides(data_dir: str, runs_dir: str, **extra) -> dict:
+    return {"preset": "configs/quickstart.yaml", "data-dir": data_dir, "runs-dir": runs_dir, "strategies": STRATEGIES,
+            "epochs": 2, "rounds": 2, "head-penalties": "1.0", "seed": 5, **extra}
+
+
+def test_the_inprocess_transport_runs_every_strategy_through_the_real_apps(data_dir, runs_dir, one_thread):
+    results = inprocess.run(_overrides(data_dir, runs_dir), 3)
+    assert results["transport"] == "in-process" and results["num-parties"] == 3
+    assert results["node-party"] == {str(inprocess.FIRST_NODE_ID + p): p for p in range(3)}  # learnt from hellos
+    mix = results["strategies"]["mixup-union"]
+    assert set(mix["parties"]) == {"0", "1", "2"} and mix["trainer"] in mix["selection"]["validation-accuracy"]
+    assert set(mix["returned"]["per-party-accuracy"]) == {"0", "1", "2"}  # the model went back to every party
+    assert mix["mean-bytes-up-per-party"] > mix["parties"]["0"]["upload-bytes"] > 0  # counted from the messages
+    for name in ("fedavg", "fedprox"):
+        assert [p["round"] for p in results["strategies"][name]["curve"]] == [0, 1, 2], name
+    assert set(results["strategies"]["local-only"]["per-party-accuracy"]) == {"0", "1", "2"}
+    assert all(0.3 < results["strategies"][name]["accuracy"] <= 1 for name in STRATEGIES.split(","))
+
+
+def test_a_party_that_raises_or_stalls_is_dropped_as_on_flower(data_dir, runs_dir, one_thread):
+    """Of four parties, party 1 raises and party 2 stalls past reply-timeout: both dropped, named and explained;
+    the round goes on with the two left (min-parties 2), as the ServerApp does on Flower's runtime."""
+    overrides = _overrides(data_dir, runs_dir, strategies="fedavg", fault="raise:1;timeout:2", **{
+        "reply-timeout": 2.0, "rounds": 1})
+    fedavg = inprocess.run(overrides, 4)["strategies"]["fedavg"]
+    by_party = {record["party"]: record for record in fedavg["dropped"]}
+    assert set(by_party) == {1, 2} and fedavg["parties-used"] == 2
+    assert "party 1: injected fault during federated" in by_party[1]["reason"]
+    assert "no reply within 2s (timeout)" in by_party[2]["reason"]
+
+
+@pytest.mark.sim
+def test_both_transports_train_the_same_weights_from_the_same_seed(data_dir, tmp_path, one_thread):
+    """digits, 3 parties, every strategy (trainer selection and the model's return included), one thread on both
+    sides (Ray's actors run one): equal weight digests, choices and accuracies; the same messages' bytes."""
+    from commands.simulate import simulate
+
+    overrides = _overrides(data_dir, str(tmp_path / "runs"))
+    ours = inprocess.run(overrides, 3)["strategies"]
+    flower = simulate(overrides, 3)["strategies"]
+    for name in ("mixup-union", "fedavg", "fedprox", "centralized"):
+        assert ours[name]["weights-sha256"] == flower[name]["weights-sha256"], name
+        assert ours[name]["accuracy"] == flower[name]["accuracy"], name
+    assert ours["mixup-union"]["trainer"] == flower["mixup-union"]["trainer"]
+    assert ours["mixup-union"]["returned"] == flower["mixup-union"]["returned"]
+    assert ours["local-only"]["per-party-accuracy"] == flower["local-only"]["per-party-accuracy"]
+    for name in ("mixup-union", "fedprox"):  # node ids differ in size on the wire, nothing else
+        for key in ("mean-bytes-up-per-party", "mean-bytes-down-per-party"):
+            assert ours[name][key] == pytest.approx(flower[name][key], rel=1e-3), (name, key)
