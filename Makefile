@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m fedsmix run --preset $(PRESET) --parties $(PARTIES)
+	$(VENV)/bin/fedsmix run --preset $(PRESET) --parties $(PARTIES)
 
 # Much of the suite waits (image builds, SuperNode heartbeats, per-message ClientApp processes, reply
 # timeouts), so it runs in TEST_WORKERS pytest-xdist workers, one test file per worker at a time

@@ -1,10 +1,10 @@
-"""`python -m fedsmix attack`: the tau sweep of the paper's security tables, tables and figures.
+"""`fedsmix attack`: the tau sweep of the paper's security tables, tables and figures.
 
-    python -m fedsmix attack --dataset mnist,cifar10 --victims 1000 --taus 1,1e-1,...,1e-6 \
+    fedsmix attack --dataset mnist,cifar10 --victims 1000 --taus 1,1e-1,...,1e-6 \
         --attacks linear,mmse,unet
-    python -m fedsmix attack --preset configs/table4-cifar10.yaml --parties 10 --victims 1000 \
+    fedsmix attack --preset configs/table4-cifar10.yaml --parties 10 --victims 1000 \
         --radius-mode theorem,pixel-mapped --attacks linear,mmse      # in EfficientNet-Lite0 feature space
-    python -m fedsmix attack --preset configs/paper-tables-1-2.yaml --dataset mnist,cifar10 --victims 500 \
+    fedsmix attack --preset configs/paper-tables-1-2.yaml --dataset mnist,cifar10 --victims 500 \
         --attacks linear --variant mixing-weights=algorithm1          # the paper's encoder beside Algorithm 1
 """
 
@@ -46,7 +46,7 @@ def parse_taus(text: str) -> list[float]:
 
 
 def cmd_attack(args: argparse.Namespace) -> int:
-    from commands.cli import parse_sets
+    from commands.options import parse_sets
     from fedsmix.device import select_device
     from server.adversary.sweep import run_sweep, write_comparison
 

@@ -1,6 +1,6 @@
-"""`python -m fedsmix invert`: image-level leakage of pretrained-feature uploads (Table 4's pipeline).
+"""`fedsmix invert`: image-level leakage of pretrained-feature uploads (Table 4's pipeline).
 
-    python -m fedsmix invert --preset configs/table4-cifar10.yaml --parties 10 --victims 100 \\
+    fedsmix invert --preset configs/table4-cifar10.yaml --parties 10 --victims 100 \\
         --taus 1,1e-2,1e-6 --radius-mode theorem,pixel-mapped
 
 The parties upload (mixed) EfficientNet-Lite0 features; leakage there has been scored in feature space
@@ -168,7 +168,7 @@ def choose(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
 
 def cmd_invert(args: argparse.Namespace) -> int:
     from commands.attack import parse_taus
-    from commands.cli import parse_sets
+    from commands.options import parse_sets
     from fedsmix.device import select_device
 
     overrides = parse_sets(args.set)

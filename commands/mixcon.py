@@ -1,7 +1,7 @@
-"""`python -m fedsmix mixcon`: MixCon's experiments (Li et al., section 4), trained centrally as the paper does.
+"""`fedsmix mixcon`: MixCon's experiments (Li et al., section 4), trained centrally as the paper does.
 
-    python -m fedsmix mixcon --dataset mnist,fashion-mnist --pairs 0:0,1:1e-4 --epochs 20 --victims 100
-    python -m fedsmix mixcon --synthetic
+    fedsmix mixcon --dataset mnist,fashion-mnist --pairs 0:0,1:1e-4 --epochs 20 --victims 100
+    fedsmix mixcon --synthetic
 
 Benchmark (Table 3): LeNet-5 with L = L_CE + lambda L_mixcon on the output of its second conv block,
 SGD lr 0.01, 20 epochs, no augmentation; then model inversion of the first `victims` test images from

@@ -1,6 +1,6 @@
 """The one in-process launcher: the real ServerApp and ClientApp on Flower's simulation engine (Ray),
 for the grid, the frontier, tests and benchmarks that want results back as dicts, without the
-`flwr` CLI. Resources come from the preset's `federation:` block, as `python -m fedsmix run` passes
+`flwr` CLI. Resources come from the preset's `federation:` block, as `fedsmix run` passes
 them (commands/federation.py)."""
 
 from __future__ import annotations

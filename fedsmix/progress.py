@@ -2,7 +2,7 @@
 
 The ServerApp (and the direct engine, the attack sweep) make one `Progress` per run, writing
 `<run dir>/progress.jsonl`; a strategy gets a copy bound to its name (`bind(strategy=...)`). Flower
-streams the ServerApp's stdout (`flwr run --stream`), and `python -m fedsmix show --follow` tails the
+streams the ServerApp's stdout (`flwr run --stream`), and `fedsmix show --follow` tails the
 file from a second terminal; both render an event with `describe`.
 
 Not a flood: epoch lines at most one per `interval` seconds (always the first and the last epoch, and

@@ -2,7 +2,7 @@
 
 Two `ray start --block` processes on 127.0.0.1 (a head and a worker, one CPU each, so Flower's actor
 pool holds one ClientApp actor per node), with their own temp dir and ports: other Ray sessions on the
-machine are left alone. `python -m fedsmix run --federation ray-address=...` joins the cluster; every
+machine are left alone. `fedsmix run --federation ray-address=...` joins the cluster; every
 party's hello reply names the Ray node its ClientApp ran on, and results.json keeps that per party.
 Every process the cluster started is stopped by its process group, then by PID (found by the cluster's
 temp dir in its command line), also when the test fails.
@@ -148,7 +148,7 @@ def test_parties_run_on_both_nodes_of_a_ray_cluster(ray_cluster, tmp_path):
         "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
         "PYTHONPATH": str(PROJECT_ROOT),
     }
-    argv = [sys.executable, "-m", "fedsmix", "run", "--preset", "configs/quickstart.yaml", "--parties", "4",
+    argv = [str(Path(sys.executable).parent / "fedsmix"), "run", "--preset", "configs/quickstart.yaml", "--parties", "4",
             "--set", "strategies=mixup-union,local-only", "--set", "epochs=2", "--set", "trainer=mlp",
             "--set", f"runs-dir={runs}",
             "--federation", f"ray-address={ray_cluster.address}", "--federation", "client-resources-num-cpus=1"]

@@ -1,4 +1,4 @@
-"""`python -m fedsmix frontier`: every strategy of a preset, its accuracy, cost and leakage on one table.
+"""`fedsmix frontier`: every strategy of a preset, its accuracy, cost and leakage on one table.
 
 Writes frontier.md, frontier.csv, attacks.csv, reencoding.csv, frontier.png, reconstructions.png
 and frontier.json into runs/<time>-frontier-<dataset>/ (see commands/frontier/run.py).
@@ -10,7 +10,7 @@ import argparse
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
-    from ..cli import absolute_paths, parse_sets
+    from ..options import absolute_paths, parse_sets
     from .run import run_frontier
 
     overrides = absolute_paths({**parse_sets(args.set), "preset": args.preset})

@@ -1,4 +1,4 @@
-"""`python -m fedsmix grid`: run a preset's grid through Flower simulation; write table, CSV and plot.
+"""`fedsmix grid`: run a preset's grid through Flower simulation; write table, CSV and plot.
 
 A preset's `grid:` block names the axes: `parties` (numbers of SuperNodes) and any run setting with a
 list of values (`seed`, `tau`, `radius-mode`, ...). Every cell is one simulation of the preset's

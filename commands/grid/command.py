@@ -1,4 +1,4 @@
-"""`python -m fedsmix grid`: run a preset's grid through Flower simulation; write table, CSV and plot."""
+"""`fedsmix grid`: run a preset's grid through Flower simulation; write table, CSV and plot."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def grid_dir(runs_dir: str, name: str) -> Path:
 
 
 def cmd_grid(args: argparse.Namespace) -> int:
-    from ..cli import parse_sets, parse_value
+    from ..options import parse_sets, parse_value
 
     sets = parse_sets(args.set)
     axes = {

@@ -36,9 +36,9 @@ def run_cell(overrides: dict[str, Any], parties: int, engine: str, runs_dir: Pat
     error = None
     try:
         if engine == "flwr":
-            from ..cli import absolute_paths
             from ..federation import environment, federation_config, flower_part
             from ..launch import flwr_run, free_port
+            from ..options import absolute_paths
 
             federation = federation_config(overrides.get("preset", ""))  # as `fedsmix run` passes it
             outcome = flwr_run(
