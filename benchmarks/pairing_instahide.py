@@ -1,4 +1,4 @@
-"""Pairing recovery against InstaHide uploads, T = 1, 4, 16 encodings per private image (issue 17).
+"""Pairing recovery against InstaHide uploads, T = 1, 4, 16 encodings per private image.
 
 Carlini et al. broke InstaHide by first learning which encodings share a private image. Here the
 server sees one party's InstaHide upload (cross-dataset, k = 4: two private and two public images,

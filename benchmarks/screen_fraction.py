@@ -1,4 +1,4 @@
-"""The published version's post-processing screen: what fraction of encodings it discards per tau (issue 17).
+"""The published version's post-processing screen: what fraction of encodings it discards per tau.
 
 The published paper discards encodings whose LPIPS distance to their source is below a threshold
 (0.7 in the text, 0.9 in a caption) and reports the fraction discarded per tau. LPIPS needs

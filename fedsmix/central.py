@@ -25,7 +25,7 @@ those held-out rows encode (a party knows which of its samples each of its uploa
 the model goes back to the parties in the paper's protocol anyway, and only counts come back.
 The best candidate is refit on every row. Nothing here reads the test split.
 
-Robust training (`robust-training`, issue 21), for what the plausibility checks (server/plausibility.py)
+Robust training (`robust-training`), for what the plausibility checks (server/plausibility.py)
 cannot decide (measured in docs/robustness.md):
 - `clip` (the default): every row farther than CLIP_FACTOR x the union's median distance from its
   coordinate-wise median is pulled back onto that radius (direction kept), for every candidate: one party's

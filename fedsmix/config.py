@@ -27,7 +27,7 @@ ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient", "grad
            "inversion-decoder")
 # fault injection (fedsmix/faults.py): a party raises or stalls, the server's central training is
 # interrupted after an epoch, a party sends one kind of malformed upload (the server's validation
-# rejects it), or a well-formed but dishonest one (issue 21: what plausibility checks, robust training
+# rejects it), or a well-formed but dishonest one (what plausibility checks, robust training
 # and robust aggregation are for)
 FAULT_FAILURES = ("raise", "timeout", "interrupt")
 FAULT_CORRUPTIONS = (
@@ -100,7 +100,7 @@ class Settings(BaseModel):
     download: bool = False
     partitioner: Literal["iid", "dirichlet", "pathological", "dirichlet-equal", "size-skew"] = "dirichlet"
     dirichlet_alpha: float = Field(0.5, gt=0)
-    # issue 14: published-version partitions (size-skew: party `poor-party` holds rho x a rich party's rows)
+    # published-version partitions (size-skew: party `poor-party` holds rho x a rich party's rows)
     poor_party_ratio: float = Field(1.0, gt=0, le=1, description="rho = n_poor / n_rich for partitioner size-skew")
     poor_party: int = Field(0, ge=0, description="which party is data-poor under size-skew")
     classes_per_party: int = Field(2, ge=1)
@@ -124,7 +124,7 @@ class Settings(BaseModel):
     private_mass_min: float = Field(0.3, ge=0, le=1)
     encodings_per_sample: int = Field(1, ge=1)
     upload_dtype: Literal["float32", "float16"] = "float32"
-    # issue 15: MixCon (encoder=mixcon): parties upload the cut-layer representations h(x) of a split
+    # MixCon (encoder=mixcon): parties upload the cut-layer representations h(x) of a split
     # LeNet-5 trained by FedAvg with L = L_CE + mixcon-lambda * L_mixcon (docs/mixcon.md)
     mixcon_lambda: float = Field(1.0, ge=0, description="weight of the MixCon term; 0 = the vanilla split model")
     mixcon_beta: float = Field(1e-4, ge=0, description="separability term beta / dist of L_mixcon")
@@ -142,7 +142,7 @@ class Settings(BaseModel):
     checkpoint_every: int = Field(0, ge=0, description="epochs between checkpoints; 0 = off")
     resume: str = Field("", description="run directory to resume ('latest' = runs-dir/latest)")
     eval_every: int = Field(0, ge=0, description="epochs between test evaluations of the central model; 0 = at the end")
-    # issue 14: the central trainer of mixup-union (fedsmix/central.py) and its honest selection
+    # the central trainer of mixup-union (fedsmix/central.py) and its honest selection
     trainer: Literal[TRAINERS] = "auto"  # type: ignore[valid-type]
     head_penalties: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # gamma of the closed-form heads
     validation_fraction: float = Field(0.1, ge=0, lt=1, description="upload rows per party held out for selection")
@@ -153,7 +153,7 @@ class Settings(BaseModel):
     proximal_mu: float = Field(0.01, ge=0)
     fraction_train: float = Field(1.0, gt=0, le=1)
     client_lr: float = Field(0.05, gt=0)
-    # issue 16: defences in local training (FedAvg/FedProx parties only; docs/defences.md)
+    # defences in local training (FedAvg/FedProx parties only; docs/defences.md)
     prune_ratio: float = Field(
         0.0, ge=0, lt=1, description="fraction of each trainable tensor's round update zeroed (smallest |change|)"
     )
@@ -166,7 +166,7 @@ class Settings(BaseModel):
     dp_noise_multiplier: float = Field(1.0, gt=0, description="DP-FedAvg: noise std / clipping norm")
     dp_clipping_norm: float = Field(1.0, gt=0, description="DP-FedAvg: bound on each party's update norm")
     dp_delta: float = Field(1e-5, gt=0, lt=1, description="delta of both DP guarantees (DP-FedAvg, DP-SGD)")
-    # issue 21: the server side of FedAvg/FedProx, one of Flower's aggregators (strategies/fedprox.py)
+    # the server side of FedAvg/FedProx, one of Flower's aggregators (strategies/fedprox.py)
     aggregation: Literal[AGGREGATIONS] = "fedavg"  # type: ignore[valid-type]
     trimmed_beta: float = Field(0.2, ge=0, lt=0.5, description="fedtrimmedavg: fraction cut at each end")
     malicious_parties: int = Field(1, ge=0, description="krum, multikrum, bulyan: the f they tolerate")
@@ -180,7 +180,7 @@ class Settings(BaseModel):
     max_upload_samples: int = Field(1_000_000, ge=1)
     fault: str = Field("", description="fault injection, e.g. 'raise:1' or 'timeout:0,2'")
     fault_scale: float = Field(100.0, description="the factor of fault 'scale'")
-    # issue 21: plausibility checks of well-formed uploads (server/plausibility.py) and robust central
+    # plausibility checks of well-formed uploads (server/plausibility.py) and robust central
     # training (fedsmix/central.py) for what they cannot decide
     plausibility: bool = Field(True, description="quarantine uploads that fail the plausibility checks")
     robust_training: Literal[ROBUST_TRAINING] = "clip"  # type: ignore[valid-type]
@@ -195,7 +195,7 @@ class Settings(BaseModel):
     unet_epochs: int = Field(2, ge=1)
     unet_train_size: int = Field(2000, ge=32)
     public_size: int = Field(0, ge=0, description="attacker's public samples: the first N of Tiny-ImageNet's; 0 = all")
-    # issue 17: paper's experiment settings (its tables use fixed weights and ImageNet normalisation,
+    # paper's experiment settings (its tables use fixed weights and ImageNet normalisation,
     # not Algorithm 1), both calibrations of its two versions, the published post-processing screen, and
     # an attacker who recovers the pairing instead of being handed it
     mixing_weights: Literal["algorithm1", "fixed"] = Field(

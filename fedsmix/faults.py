@@ -5,7 +5,7 @@ timeout and party 3 upload NaNs. Corruptions exercise the server's upload valida
 through the real message path; they never touch honest parties. `interrupt:E` stops the
 server's central training after epoch E, as a crash would (resume with `resume=<run dir>`).
 
-Dishonest parties (issue 21) send well-formed uploads that pass every validation check:
+Dishonest parties send well-formed uploads that pass every validation check:
 `scale:P` (encoded inputs times `fault-scale`), `garbage:P` (random inputs with the upload's own
 per-coordinate mean and spread, labels kept), `label-flip:P` (classes permuted by a derangement),
 `replay:P` (another party's upload, fedsmix.party.replayed_upload). In FedAvg/FedProx `scale:P`

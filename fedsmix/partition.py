@@ -4,7 +4,7 @@ Every party computes the same split from (labels, seed) and keeps only its own
 share, so no index ever has to travel.
 
 Schemes: `iid`, `dirichlet` (flwr-datasets' DirichletPartitioner: sizes follow the label draw),
-`pathological` (a few classes per party), and the published paper's two (issue 14), both through
+`pathological` (a few classes per party), and the published paper's two, both through
 flwr-datasets' InnerDirichletPartitioner (fixed partition sizes, labels per party from Dirichlet(beta)):
 `dirichlet-equal` (Table 5: parties of equal size) and `size-skew` (Table 6: one data-poor party).
 """

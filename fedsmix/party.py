@@ -394,7 +394,7 @@ def train_local(
     """Local-only training (`mode="local-only"`: the central recipe, alone) or one FedAvg/FedProx
     round (`"federated"`: `local-epochs` of SGD from the global weights, plus (mu/2)||w - w_global||^2).
 
-    A federated round carries the run's defences (issue 16): each batch mixed (`batch-mix`), DP-SGD
+    A federated round carries the run's defences: each batch mixed (`batch-mix`), DP-SGD
     (`dp-sgd-epsilon`) and, last, the round's update pruned (`prune-ratio`). `rows` replays a round on
     those samples only (the attack's victims; mixing partners still come from the whole partition), with
     `dp_noise_multiplier` the party's own DP-SGD noise level (`party_dp_sgd_noise`) rather than one solved

@@ -4,7 +4,7 @@ Inputs may be tensors or numpy arrays (memory-mapped uploads); batches are copie
 device one at a time. Checkpoints capture model, optimiser, schedule and every RNG, so a
 resumed run ends bit-identical to an uninterrupted one on the CPU.
 
-A federated party's defences (issue 16, docs/defences.md) live here too: each local batch mixed
+A federated party's defences (docs/defences.md) live here too: each local batch mixed
 by the encoders' own MixUp or inside-dataset InstaHide (`batch-mix`), and DP-SGD through Opacus
 (`dp-sgd-epsilon`: per-sample clipping and Gaussian noise, Poisson-sampled batches). Pruning acts
 on the round's update, after training (`prune_update`, called by fedsmix.party.train_local).
@@ -39,7 +39,7 @@ class TrainConfig:
     proximal_mu: float = 0.0
     device: str = "cpu"
     momentum: float = 0.9  # SGD only
-    # defences of a federated party's local training (issue 16)
+    # defences of a federated party's local training
     batch_mix: str = "none"  # none | mixup | instahide: every local batch mixed with partners from the whole set
     batch_mix_k: int = 4
     mix_cap: float = 0.65
@@ -48,8 +48,8 @@ class TrainConfig:
     dp_max_grad_norm: float = 1.0
     dp_epochs: int = 1  # epochs the DP-SGD budget covers (rounds x local epochs: every round spends its share)
     dp_noise_multiplier: float | None = None  # a replay of one step: the party's own sigma instead of solving
-    trim: float = 0.0  # robust loss (issue 21): drop this fraction of each batch's largest per-sample losses
-    # MixCon (issue 15): lambda * L_mixcon on the cut-layer output of a SplitModel; 0 = off
+    trim: float = 0.0  # robust loss: drop this fraction of each batch's largest per-sample losses
+    # MixCon: lambda * L_mixcon on the cut-layer output of a SplitModel; 0 = off
     mixcon_lambda: float = 0.0
     mixcon_beta: float = 0.0
     mixcon_eps: float = 1e-6

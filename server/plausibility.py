@@ -1,6 +1,6 @@
 """Plausibility checks: an upload can pass every validation check (server/validation.py) and still be wrong.
 
-Issue 21: one party whose encodings are multiplied by 100 (a misconfigured radius, 0-255 pixels, a malicious
+One party whose encodings are multiplied by 100 (a misconfigured radius, 0-255 pixels, a malicious
 party) sinks the union from 96.94 % to 57.22 %. The checks below use only what the server legitimately knows:
 the run's settings (encoder, alpha, tau, radius mode), what each party reports with its upload (n, V, D, c,
 m_f, r) and the uploads themselves. A party that fails one is quarantined: its upload is not used, it is named

@@ -5,7 +5,7 @@ The subclass only adds what a long run needs: a bounded wait instead of Flower's
 a record of parties that dropped (and in which round), and an abort when too few remain.
 
 The server side is any of Flower's aggregators (`aggregation`: fedavg, fedmedian, fedtrimmedavg,
-krum, multikrum, bulyan; issue 21). FedProx's client side is the proximal term, its server side only
+krum, multikrum, bulyan). FedProx's client side is the proximal term, its server side only
 sends mu: `strategy_class` puts Flower's aggregator after FedProx in the class order, so FedProx's
 configure_train (mu) and the aggregator's aggregate_train (median, trimmed mean, Krum selection, ...)
 both run unchanged. Krum/MultiKrum/Bulyan assume `malicious-parties` = f; MultiKrum averages the n - f

@@ -5,7 +5,7 @@ manifest) and drop it from memory -> train centrally on the memory-mapped union 
 labels -> evaluate on the clean test split. A resumed run re-verifies the stored uploads, asks
 only the parties it has none for, and continues training from the checkpoint.
 
-encoder=mixcon (issue 15, docs/mixcon.md) first trains the split LeNet-5 by FedAvg with the MixCon
+encoder=mixcon (docs/mixcon.md) first trains the split LeNet-5 by FedAvg with the MixCon
 term (`mixcon-rounds` rounds), keeps it in models/mixcon-split.pt, ships h (the layers up to the cut)
 with the encode query, and each party uploads h(x) of its partition once; the server then trains
 LeNet-5's head on the union of representations and tests head(h(x)) on the test split.

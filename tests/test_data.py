@@ -73,7 +73,7 @@ def test_dirichlet_skews_labels_and_seed_matters():
     assert counts.max() > 0.3  # far from the uniform 0.1
 
 
-# issue 14: the published version's partitions (equal sizes; one data-poor party)
+# the published version's partitions (equal sizes; one data-poor party)
 def test_dirichlet_equal_sizes_differ_by_at_most_one():
     labels = data.load_split("digits", "train").labels  # 1,437 rows
     n = len(labels)

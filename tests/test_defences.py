@@ -1,4 +1,4 @@
-"""Defences in local training (issue 16) and the realistic gradient attacker, on small MNIST slices."""
+"""Defences in local training and the realistic gradient attacker, on small MNIST slices."""
 
 from pathlib import Path
 

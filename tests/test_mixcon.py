@@ -1,4 +1,4 @@
-"""MixCon (issue 15): the loss term, the split model's upload, model inversion, Fashion-MNIST's idx files."""
+"""MixCon: the loss term, the split model's upload, model inversion, Fashion-MNIST's idx files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 17: recovering singularized mixup's pairing from the upload alone (server/adversary/pairing.py)."""
+"""Recovering singularized mixup's pairing from the upload alone (server/adversary/pairing.py)."""
 
 from __future__ import annotations
 

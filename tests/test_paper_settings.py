@@ -1,4 +1,4 @@
-"""Issue 17: the paper's experiment settings (fixed weights, ImageNet normalisation, the code's V), the two
+"""The paper's experiment settings (fixed weights, ImageNet normalisation, the code's V), the two
 calibrations of its two versions, and the published post-processing screen."""
 
 from __future__ import annotations

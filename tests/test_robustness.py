@@ -1,4 +1,4 @@
-"""One bad party (issue 21): dishonest faults, plausibility checks, robust central training, robust aggregation.
+"""One bad party: dishonest faults, plausibility checks, robust central training, robust aggregation.
 
 The fast tests here work on the real uploads of the quick-start parties (digits), prepared exactly as the
 ClientApp does; the simulations through the real ServerApp and ClientApp are in test_robustness_sim.py.

@@ -57,7 +57,7 @@ def test_overrides_beat_the_preset_and_bad_axes_name_the_key():
 
 
 def test_published_presets_rerun_every_strategy_along_partition_axes():
-    """issue 14: partition keys change every strategy but the centralised bound (whole split), like `parties`."""
+    """Partition keys change every strategy but the centralised bound (whole split), like `parties`."""
     from commands.grid.report import label, row_key
 
     for key in ("partitioner", "dirichlet-alpha", "poor-party-ratio", "poor-party", "min-partition-size"):

@@ -2,7 +2,7 @@
 
 Rows are named in one of the forms of ROW_FORMS; each is the base settings plus a few overrides,
 so every row shares the partitions, seeds and training budget of the preset. A FedAvg/FedProx row may
-carry defences (issue 16), each a dash-joined suffix, any combination:
+carry defences, each a dash-joined suffix, any combination:
 
     fedavg-prune0.9            gradient pruning of the round's update, p = 0.9
     fedavg-mixup-k4            MixUp of every local batch, k = 4

@@ -28,7 +28,7 @@ ENCODING_KEYS = frozenset(
         "adversary", "attack-victims", "attack-steps", "unet-width", "unet-epochs", "unet-train-size",
         # the central trainer of the uploads (fedsmix/central.py)
         "trainer", "head-penalties", "validation-fraction", "return-model",
-        # the server's plausibility checks of the uploads and robust central training (issue 21)
+        # the server's plausibility checks of the uploads and robust central training
         "plausibility", "robust-training", "robust-trim",
     }
 )

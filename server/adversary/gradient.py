@@ -12,7 +12,7 @@ unknown in general and dropout is switched off; after one SGD step on one image,
 mask in front of a linear layer can be read off that layer's update (dropped inputs moved by
 weight decay alone), and the attacker replays it.
 
-The appendix's settings (../shared/papers/gradient-inversion-eval-appendix.txt, issue 16):
+The appendix's settings (../shared/papers/gradient-inversion-eval-appendix.txt):
 - BatchNorm: the dummy batch is normalised by its own statistics, as the party's training normalised its
   batch, and the BN regulariser alpha_BN (||mu - mu*|| + ||var - var*|| per layer) pulls them towards the
   party's exact batch statistics (`bn="exact"`, BN_exact) or towards the global model's running statistics,
