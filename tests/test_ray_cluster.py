@@ -148,7 +148,8 @@ def test_parties_run_on_both_nodes_of_a_ray_cluster(ray_cluster, tmp_path):
         "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
         "PYTHONPATH": str(PROJECT_ROOT),
     }
-    argv = [str(Path(sys.executable).parent / "fedsmix"), "run", "--preset", "configs/quickstart.yaml", "--parties", "4",
+    fedsmix = str(Path(sys.executable).parent / "fedsmix")  # the console script
+    argv = [fedsmix, "run", "--preset", "configs/quickstart.yaml", "--parties", "4",
             "--set", "strategies=mixup-union,local-only", "--set", "epochs=2", "--set", "trainer=mlp",
             "--set", f"runs-dir={runs}",
             "--federation", f"ray-address={ray_cluster.address}", "--federation", "client-resources-num-cpus=1"]
