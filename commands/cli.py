@@ -42,7 +42,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides["dataset"] = settings.dataset
     overrides = absolute_paths(overrides)
     federation = federation_config(overrides.get("preset", ""), parse_sets(args.federation, "--federation"))
-    parties = args.parties or federation.get("num-supernodes") or 10
+    parties = args.parties if args.parties is not None else federation.get("num-supernodes") or 10
+    if parties < settings.min_parties:  # refused here in seconds, not after Flower waited for parties
+        raise SettingsError(f"--parties: {parties} parties; min-parties is {settings.min_parties} (at least "
+                            f"{settings.min_parties} parties must take part)")
     check_poor_party(settings.partitioner, settings.poor_party, parties)  # a party the federation lacks
     result = flwr_run(overrides, parties, flower_part(federation), environment=federation_environment(federation))
     latest = Path(overrides["runs-dir"]) / "latest"

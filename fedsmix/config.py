@@ -397,19 +397,33 @@ class Settings(BaseModel):
 KEYS = tuple(_dash(name) for name in Settings.model_fields)
 
 
+def unknown_keys(keys, source: str) -> SettingsError | None:
+    """The error for keys the schema does not have: each with its nearest known keys, or every key when none is
+    near (a misspelling gets `did you mean`, not a hundred names)."""
+    import difflib
+
+    unknown = [k for k in keys if _dash(k) not in KEYS]
+    if not unknown:
+        return None
+    hints = []
+    for key in unknown:
+        near = difflib.get_close_matches(_dash(key), KEYS, n=3, cutoff=0.6)
+        hints.append(f"{key!r} (did you mean {' or '.join(repr(n) for n in near)}?)" if near else repr(key))
+    listing = "" if all("did you mean" in h for h in hints) else f"; allowed keys: {', '.join(KEYS)}"
+    return SettingsError(f"{source}: unknown key(s) {', '.join(hints)}{listing}")
+
+
 def _validate(data: Mapping[str, Any], source: str) -> Settings:
-    unknown = [k for k in data if _dash(k) not in KEYS]
-    if unknown:
-        raise SettingsError(
-            f"{source}: unknown key(s) {', '.join(repr(k) for k in unknown)}; allowed keys: {', '.join(KEYS)}"
-        )
+    if (error := unknown_keys(data, source)) is not None:
+        raise error
     try:
         return Settings.model_validate({_dash(k): v for k, v in data.items()})
     except ValidationError as err:
         problems = []
         for e in err.errors():
             key = ".".join(str(p) for p in e["loc"]) or "settings"
-            problems.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+            message = e["msg"].removeprefix("Value error, ")  # pydantic's wording for our own validators' errors
+            problems.append(f"{key}: {message} (got {e.get('input')!r})")
         raise SettingsError(f"{source}: " + "; ".join(problems)) from None
 
 
@@ -482,9 +496,8 @@ def load_settings(overrides: Mapping[str, Any] | None = None, preset: str | None
 
 def settings_from_flower(run_config: Mapping[str, Any], overrides: Mapping[str, Any]) -> Settings:
     """Flower hands us pyproject defaults fused with overrides; only overrides beat the preset."""
-    unknown = [k for k in run_config if k not in KEYS]
-    if unknown:
-        raise SettingsError(f"run config: unknown key(s) {unknown}; allowed keys: {', '.join(KEYS)}")
+    if (error := unknown_keys(run_config, "run config")) is not None:
+        raise error
     return load_settings(dict(overrides), preset=str(overrides.get("preset", run_config.get("preset", ""))))
 
 

@@ -32,7 +32,8 @@ def test_flower_defaults_do_not_beat_the_preset():
 @pytest.mark.parametrize(
     "overrides, key, hint",
     [
-        ({"tua": 1e-3}, "tua", "allowed keys"),
+        ({"tua": 1e-3}, "tua", "did you mean 'tau'?"),
+        ({"xyzzy": 1}, "xyzzy", "allowed keys: preset, run-name"),
         ({"tau": 0}, "tau", "greater than 0"),
         ({"tau": -1}, "tau", "greater than 0"),
         ({"alpha": 0.5}, "alpha", "greater than 0.5"),
@@ -50,6 +51,19 @@ def test_bad_settings_name_the_key(overrides, key, hint):
     assert key in str(err.value) and hint in str(err.value)
 
 
+def test_a_misspelled_key_gets_a_suggestion_and_no_list():
+    with pytest.raises(SettingsError) as err:
+        load_settings({"epoch": 3})
+    assert "unknown key(s) 'epoch' (did you mean 'epochs'" in str(err.value)  # the nearest first
+    assert "allowed keys" not in str(err.value)
+
+
+def test_our_own_checks_read_without_pydantics_prefix():
+    with pytest.raises(SettingsError) as err:
+        load_settings({"strategies": "mixup-union,fedsgd"})
+    assert "Value error" not in str(err.value) and "strategies: unknown strategy 'fedsgd'" in str(err.value)
+
+
 def test_missing_preset_lists_the_available_ones():
     with pytest.raises(SettingsError, match="quickstart.yaml"):
         load_settings({"preset": "configs/nope.yaml"})
@@ -59,3 +73,14 @@ def test_json_round_trip_is_exact():
     settings = load_settings({"preset": "configs/quickstart.yaml", "adversary": "linear,mmse"})
     assert Settings.from_json(settings.to_json()) == settings
     assert settings.adversary == ("linear", "mmse")
+
+
+@pytest.mark.parametrize("parties", ["0", "1", "-3"])
+def test_too_few_parties_are_refused_before_anything_starts(parties, tmp_path, capsys):
+    """`--parties 0` used to run the default 10, `--parties 1` to wait a minute for a second party."""
+    from commands.cli import main as cli
+
+    runs = tmp_path / "runs"
+    assert cli(["run", "--parties", parties, "--set", f"runs-dir={runs}"]) == 2
+    assert f"--parties: {parties} parties; min-parties is 2" in capsys.readouterr().err
+    assert not runs.exists()
