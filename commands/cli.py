@@ -13,11 +13,17 @@ from .options import absolute_paths, parse_sets
 
 
 def check_dataset(settings) -> None:
-    """Read and check a data set given as a path (DatasetError names the file and the problem); print what was
-    inferred. The launching process does not keep it."""
-    from fedsmix.data import _read_user_dataset, describe_dataset, is_path_dataset
+    """Before Flower starts: a registered data set can be found (its test split is read once; else one message
+    says where it was looked for and how to get it), and a data set given as a path is read and checked
+    (DatasetError names the file and the problem), printing what was inferred. The launching process keeps
+    neither."""
+    from fedsmix.data import DatasetUnavailable, _read_user_dataset, describe_dataset, is_path_dataset, load_split
 
     if not is_path_dataset(settings.dataset):
+        try:
+            load_split.__wrapped__(settings.dataset, "test", settings.data_dir, settings.download)
+        except DatasetUnavailable as err:
+            raise SettingsError(f"dataset: {err}") from None
         return
     from fedsmix.progress import describe
 

@@ -223,8 +223,9 @@ def load_split(name: str, split: str, data_dir: str = "", download: bool = False
             images, labels = _load_torchvision(ds, split, idx_root, False)
             return RawSplit(_to_nchw(images, ds.channels), labels, ds)
         tried.append(f"idx files in {', '.join(ds.idx_dirs)}")
+    nowhere = f"no data dir (data-dir is empty, ${DATA_DIR_ENV} is unset, no ../shared/data beside the project)"
     raise DatasetUnavailable(
-        f"dataset {name!r} ({split}) not found. Tried: {'; '.join(tried) or 'no data dir configured'}. "
+        f"dataset {name!r} ({split}) not found. Tried: {'; '.join(tried) or nowhere}. "
         f"Put {ds.npz} (arrays x_train, y_train, x_test, y_test; see ../shared/data/README.md) into a "
         f"directory and set run-config key 'data-dir' or ${DATA_DIR_ENV}"
         + (", or set download=true to fetch it with torchvision." if ds.torchvision else ".")

@@ -84,3 +84,16 @@ def test_too_few_parties_are_refused_before_anything_starts(parties, tmp_path, c
     assert cli(["run", "--parties", parties, "--set", f"runs-dir={runs}"]) == 2
     assert f"--parties: {parties} parties; min-parties is 2" in capsys.readouterr().err
     assert not runs.exists()
+
+
+def test_a_registered_data_set_that_is_missing_is_refused_before_anything_starts(tmp_path, capsys):
+    """`--set dataset=mnist` where no data dir holds it: one message saying where it looked, exit 2, no run
+    directory (it used to surface as a traceback from inside the simulation, after Ray had started)."""
+    from commands.cli import main as cli
+
+    runs = tmp_path / "runs"
+    code = cli(["run", "--parties", "2", "--set", "dataset=mnist", "--set", f"data-dir={tmp_path / 'empty'}",
+                "--set", f"runs-dir={runs}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "dataset: dataset 'mnist' (test) not found. Tried: " in err and "mnist.npz" in err
+    assert not runs.exists()
