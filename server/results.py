@@ -41,6 +41,27 @@ def party_problems(results: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
+# What each column of the results table means, printed under it (docs/results-table.md says more).
+LEGEND = (
+    "test acc %: the strategy's model on the test split; local-only: party 0's own model (the paper's baseline)",
+    "mean / min / max %: local-only's parties, each scored with its own model",
+    "used / dropped: parties that counted / that raised or did not answer in time",
+    "rejected: malformed uploads; quarantined: well-formed uploads that failed a plausibility check",
+    "bytes up/party: from the real messages (local-only: its model, sent only so that it can be scored)",
+    "every column: docs/results-table.md",
+)
+CALIBRATION_LEGEND = (
+    "n: samples; D: their mean pairwise distance; c: the weight cap's constant; V_eff: the calibration variance",
+    "m_f: Theorem 4.2's multiplier for tau; r: the noise radius (r^2 = k V_eff)",
+    "SNR bound: what the calibration guarantees; SNR measured: the encoding's own; screened %: dropped by the screen",
+)
+
+
+def _legend(console: Console, lines: tuple[str, ...]) -> None:
+    for line in lines:
+        console.print(f"  {line}", style="dim", highlight=False)
+
+
 def render(results: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console(width=140, force_terminal=False)
     table = Table(
@@ -49,32 +70,27 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
     for col in (
         "strategy",
         "test acc %",
-        "party 0 %",
-        "mean/min/max party %",
-        "parties used",
+        "mean %",
+        "min %",
+        "max %",
+        "used",
         "dropped",
         "rejected",
         "quarantined",
         "bytes up/party",
         "wall s",
     ):
-        table.add_column(col, justify="right" if col != "strategy" else "left")
+        table.add_column(col, justify="right" if col != "strategy" else "left", no_wrap=col != "strategy")
     for name, res in results.get("strategies", {}).items():
         if "error" in res:
-            table.add_row(name, "failed", "", "", "", "", "", "", "", "", style="red")
+            table.add_row(name, "failed", "", "", "", "", "", "", "", "", "", style="red")
             continue
-        per_party = res.get("per-party-accuracy") or {}
-        spread = (
-            f"{_pct(res.get('mean-party-accuracy'))}/{_pct(res.get('min-party-accuracy'))}/{_pct(res.get('max-party-accuracy'))}"
-            if per_party
-            else "-"
-        )
+        per_party = bool(res.get("per-party-accuracy"))
         table.add_row(
             f"{name} (mixcon)" if res.get("encoder") == "mixcon" else
             f"{name} ({res['radius-mode']})" if res.get("radius-mode") else name,
             _pct(res.get("accuracy")),
-            _pct(res.get("party0-accuracy")),
-            spread,
+            *(_pct(res.get(f"{k}-party-accuracy")) if per_party else "-" for k in ("mean", "min", "max")),
             str(res.get("parties-used", "-")),
             str(len(res.get("dropped", []))),
             str(len(res.get("rejected", []))),
@@ -83,6 +99,7 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
             f"{res.get('wall-seconds', 0):.1f}",
         )
     console.print(table)
+    _legend(console, LEGEND)
     problems = party_problems(results)
     if problems:
         lost = Table(title="parties dropped (raised or timed out), uploads rejected or quarantined (implausible)")
@@ -139,5 +156,6 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
                 _pct(screened) if screened is not None else "-",
             )
         console.print(cal)
+        _legend(console, CALIBRATION_LEGEND)
     if results.get("run-dir"):
         console.print(f"results: {Path(results['run-dir']) / 'results.json'}")

@@ -189,3 +189,22 @@ def test_simulation_events_in_order_and_never_silent_for_long(data_dir, runs_dir
     assert [e["answered"] for e in events if e["kind"] == "parties"][-1] == 2
     gaps = [b["clock"] - a["clock"] for a, b in zip(events, events[1:])]
     assert max(gaps) <= 5 + 5, f"a silence of {max(gaps):.1f}s (watchdog after 5s)"
+
+
+def test_the_results_table_cuts_no_cell_and_says_what_its_columns_mean():
+    import io
+
+    from rich.console import Console
+
+    from server.results import render
+
+    results = {"settings": {"dataset": "digits"}, "num-parties": 10, "strategies": {
+        "local-only": {"accuracy": 0.6704, "party0-accuracy": 0.6704, "per-party-accuracy": {"0": 0.6704},
+                       "mean-party-accuracy": 0.6704, "min-party-accuracy": 0.55, "max-party-accuracy": 0.7667,
+                       "parties-used": 10, "dropped": [], "rejected": [], "mean-bytes-up-per-party": 2418086,
+                       "wall-seconds": 12.5}}}
+    printed = io.StringIO()
+    render(results, Console(file=printed, width=140))
+    out = printed.getvalue()
+    assert "…" not in out and all(value in out for value in ("67.04", "55.00", "76.67", "2,418,086"))
+    assert "local-only: party 0's own model" in out and "docs/results-table.md" in out
