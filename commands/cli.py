@@ -73,6 +73,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     results_path, events_path = run_dir / "results.json", run_dir / FILE
+    if run_dir.name == "latest" and not run_dir.exists():
+        raise SettingsError(f"show: no run yet ({run_dir} does not exist): start one with `make run` or "
+                            "`fedsmix run`, or name a run directory")
     if args.follow:
         follow(events_path, timeout=args.timeout)
     elif not results_path.is_file() and not events_path.is_file():
