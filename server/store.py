@@ -2,12 +2,18 @@
 
 The server never holds the union in RAM: training reads batches straight from the files
 through `Union`, so thirty CIFAR-10 parties cost one copy on disk and a page cache.
+
+Saving an upload appends its entry to a journal (`manifest.jsonl`, one line, flushed to disk): the work per
+upload does not grow with the parties stored before it. `flush()` writes the whole manifest (`manifest.json`)
+once, after a phase; opening a store reads the manifest and then the journal's later entries, so an interrupted
+run loses no stored upload. A journal line cut short by a crash is ignored (its party is asked again).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +35,20 @@ class UploadStore:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.manifest_path = self.root / "manifest.json"
+        self.journal_path = self.root / "manifest.jsonl"
         self.manifest: dict[str, dict] = (
             json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() else {}
         )
+        if self.journal_path.exists():
+            for line in self.journal_path.read_text().splitlines():
+                try:
+                    party, entry = json.loads(line)
+                except ValueError:  # a line cut short by a crash: that party's files are not trusted
+                    continue
+                if entry is None:
+                    self.manifest.pop(party, None)
+                else:
+                    self.manifest[party] = entry
 
     def save(self, party: int, x: np.ndarray, y: np.ndarray, metrics: dict) -> StoredUpload:
         if str(party) in self.manifest:
@@ -53,8 +70,20 @@ class UploadStore:
             "metrics": metrics,
         }
         self.manifest[str(party)] = entry
-        atomic_write_json(self.manifest_path, self.manifest)
+        self._journal(str(party), entry)
         return StoredUpload(party, x_path, y_path, len(x))
+
+    def _journal(self, party: str, entry: dict | None) -> None:
+        """One line per change (None: the party's upload was discarded), on disk before the call returns."""
+        with open(self.journal_path, "a") as journal:
+            journal.write(json.dumps([party, entry]) + "\n")
+            journal.flush()
+            os.fsync(journal.fileno())
+
+    def flush(self) -> None:
+        """The whole manifest in manifest.json (atomic), and the journal it now contains emptied."""
+        atomic_write_json(self.manifest_path, self.manifest)
+        self.journal_path.unlink(missing_ok=True)
 
     def verify(self) -> list[int]:
         """Parties whose files no longer match the manifest's sha256."""
@@ -70,7 +99,7 @@ class UploadStore:
     def discard(self, party: int) -> None:
         """Forget a party's upload (its files failed verification): the manifest first, then the files."""
         entry = self.manifest.pop(str(party))
-        atomic_write_json(self.manifest_path, self.manifest)
+        self._journal(str(party), None)
         for key in ("x", "y"):
             (self.root / entry[key]["file"]).unlink(missing_ok=True)
 

@@ -122,6 +122,7 @@ def collect_uploads(
             evidence[upload.party] = examine(upload.party, upload.x, upload.y, upload.metrics, ctx.settings)
         del upload
     dropped += unanswered(ctx, nodes, answered)
+    store.flush()  # manifest.json once for the phase; each upload only appended its journal line
     for party in stored - set(parties):  # stored, but its node did not answer this time: still used
         parties[party] = {**store.manifest[str(party)]["metrics"], "from-store": True}
     quarantined = plausibility(ctx, store, parties, evidence) if ctx.settings.plausibility else []

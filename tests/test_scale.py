@@ -202,3 +202,26 @@ def test_encoding_does_not_depend_on_the_thread_count():
         torch.set_num_threads(threads)
     assert torch.equal(serial.x, pooled.x) and torch.equal(serial.noise, pooled.noise) and torch.equal(lean.x, pooled.x)
     assert torch.allclose(pooled.noise.flatten(1).norm(dim=1), torch.full((3000,), 5.0), rtol=1e-4)
+
+
+def test_the_upload_store_appends_one_journal_line_per_upload_and_loses_none(tmp_path):
+    """Saving does not rewrite the manifest (work per upload independent of the parties before it); a store
+    reopened before `flush` (an interrupted run) has every upload, a line cut short by a crash is ignored."""
+    import json
+
+    from server.store import UploadStore
+
+    store = UploadStore(tmp_path)
+    x, y = np.zeros((4, 3), np.float32), np.full((4, 2), 0.5, np.float32)
+    for party in range(5):
+        store.save(party, x + party, y, {"party": party})
+    assert not (tmp_path / "manifest.json").exists()
+    assert len((tmp_path / "manifest.jsonl").read_text().splitlines()) == 5
+    store.discard(3)
+    with open(tmp_path / "manifest.jsonl", "a") as journal:
+        journal.write('["9", {"x": ')  # a crash in the middle of a line
+    reopened = UploadStore(tmp_path)
+    assert reopened.parties() == [0, 1, 2, 4] and reopened.verify() == []
+    reopened.flush()
+    assert sorted(json.loads((tmp_path / "manifest.json").read_text())) == ["0", "1", "2", "4"]
+    assert not (tmp_path / "manifest.jsonl").exists() and UploadStore(tmp_path).parties() == [0, 1, 2, 4]
