@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -34,6 +35,8 @@ def check_dataset(settings) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from fedsmix.data import is_path_dataset
     from fedsmix.partition import check_poor_party
+    from fedsmix.progress import FILE as PROGRESS_FILE
+    from fedsmix.progress import Progress
 
     from .federation import environment as federation_environment
     from .federation import federation_config, flower_part
@@ -53,8 +56,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SettingsError(f"--parties: {parties} parties; min-parties is {settings.min_parties} (at least "
                             f"{settings.min_parties} parties must take part)")
     check_poor_party(settings.partitioner, settings.poor_party, parties)  # a party the federation lacks
-    result = flwr_run(overrides, parties, flower_part(federation), environment=federation_environment(federation))
     latest = Path(overrides["runs-dir"]) / "latest"
+    before = latest.resolve() if latest.exists() else None
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the run as Ctrl-C does
+    try:
+        result = flwr_run(overrides, parties, flower_part(federation), environment=federation_environment(federation))
+    except KeyboardInterrupt:  # flwr_run has stopped the SuperLink, the simulation and Ray by now
+        run_dir = latest.resolve() if latest.exists() and latest.resolve() != before else None
+        if run_dir is not None:
+            Progress(run_dir / PROGRESS_FILE, echo=False).emit("run-interrupted", reason="stopped by a signal")
+        print("\nfedsmix: interrupted; stopped the SuperLink, the simulation and Ray"
+              + (f"; partial results in {run_dir}" if run_dir else ""), file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if result.ok:
         print(f"\nrun {result.run_id}: {result.status}; results in {latest.resolve()}/results.json (runs/latest)")
         return 0
@@ -63,6 +78,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -85,7 +104,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         render(results)
     events = read_events(events_path)
     if not args.follow and events:
-        ended = any(e.get("kind") == "run-end" for e in events)
+        ended = any(e.get("kind") in ("run-end", "run-interrupted") for e in events)
         running = [e.get("strategy") for e in events if e.get("kind") == "strategy-start"]
         finished = {e.get("strategy") for e in events if e.get("kind") in ("strategy-end", "strategy-failed")}
         if not ended:

@@ -200,9 +200,10 @@ def flwr_run(
     federation = {**(federation_config or {}), "num-supernodes": num_supernodes}
     try:
         return stream_run(run_config, env, federation_config=federation, app_dir=app_dir, timeout=timeout, echo=echo)
-    finally:
+    finally:  # also on Ctrl-C or SIGTERM: the SuperLink this call started, and all it started (the simulation, Ray)
         if stop_superlink:
-            stop_pids([p for p in superlink_pids(env) if p not in already_running])
+            started = [p for p in superlink_pids(env) if p not in already_running]
+            stop_pids(started + descendants(started))
 
 
 def superlink_pids(env: dict[str, str]) -> list[int]:
@@ -221,6 +222,26 @@ def superlink_pids(env: dict[str, str]) -> list[int]:
         if "flower-superlink" in line and f"127.0.0.1:{port}" in line and home in line:
             pids.append(int(proc.name))
     return pids
+
+
+def descendants(pids: list[int]) -> list[int]:
+    """Every process below `pids` (children, theirs, ...), read from /proc: looked up before the parents stop,
+    since an orphan's parent becomes init."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = [], list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def stop_pids(pids: list[int], grace: float = 10.0) -> None:

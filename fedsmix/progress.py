@@ -115,6 +115,8 @@ def describe(event: dict[str, Any]) -> str:
         text = f"failed after {clock(e.get('seconds'))}: {g('error')}"
     elif kind == "alive":
         text = f"still working; last: {g('step')} ({clock(e.get('since'))} ago)"
+    elif kind == "run-interrupted":
+        text = f"run interrupted: {g('reason')}"
     elif kind == "run-end":
         text = f"run finished after {clock(e.get('clock'))}"
         if e.get("failures"):

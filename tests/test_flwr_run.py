@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from commands.launch import flower_env, flwr_run, free_port, superlink_pids
+
+PROJECT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.slow, pytest.mark.sim]
 
@@ -34,3 +41,38 @@ def test_a_failing_serverapp_is_reported_as_failed(tmp_path):
     result = _run(tmp_path, {"fault": "raise:0", "strategies": "mixup-union", "epochs": 2}, parties=2)
     assert result.returncode == 0
     assert result.status == "finished:failed" and not result.ok
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_and_everything_it_started(tmp_path, signum, capsys):
+    """Ctrl-C (SIGINT) or SIGTERM to `fedsmix run` in the middle of training: the command exits 130, the local
+    SuperLink, the simulation process and Ray's processes it started are gone, and the run directory says it
+    was interrupted (`show` no longer calls it in progress)."""
+    from commands.cli import main as cli
+    from commands.launch import descendants
+    from fedsmix.progress import read_events
+
+    ports = (free_port(), free_port())
+    env = flower_env(tmp_path / "flwr-home", ports)
+    runs = tmp_path / "runs"
+    argv = [str(Path(sys.executable).parent / "fedsmix"), "run", "--parties", "2", "--set", "epochs=200",
+            "--set", "strategies=mixup-union", "--set", "trainer=mlp", "--set", f"runs-dir={runs}"]
+    proc = subprocess.Popen(argv, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline, started = time.monotonic() + 600, []
+    while time.monotonic() < deadline and proc.poll() is None:  # wait for central training (epoch lines)
+        events = read_events(runs / "latest" / "progress.jsonl") if (runs / "latest").exists() else []
+        if any(e["kind"] == "epoch" for e in events):
+            started = superlink_pids(env)
+            break
+        time.sleep(1.0)
+    tree = started + descendants(started)
+    assert started and len(tree) > 2, "the run never reached training"  # SuperLink, simulation, Ray, ...
+    proc.send_signal(signum)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output[-3000:]
+    alive = [pid for pid in tree if Path(f"/proc/{pid}").exists()
+             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert alive == [], f"still running after the signal: {alive}"
+    assert read_events(runs / "latest" / "progress.jsonl")[-1]["kind"] == "run-interrupted"
+    assert cli(["show", str(runs / "latest")]) == 0
+    assert "run interrupted: stopped by a signal" in capsys.readouterr().out
