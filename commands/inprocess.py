@@ -7,10 +7,12 @@ deployment runtime). A run here executes the very code a Flower run executes, on
 its results are a Flower run's results (tests/test_transports.py compares the weights' digests); what it saves is
 Ray's and the SuperLink's start-up and polling, and the ClientApp processes. `--engine inprocess` in the grid.
 
-Parties answer one message at a time, in the order the server sent them (one worker thread: the same bits as a
-one-thread simulation), each with its own Flower `Context` (node config `partition-id`, `num-partitions`),
-kept between messages as a SuperNode keeps it. A handler that raises becomes an error reply, as Flower's
-runtime sends it; a handler that stalls past the server's timeout is reported by the server as a timeout.
+Parties answer one message at a time, in the order the server sent them (one worker thread, as one Ray actor:
+a party's training seeds PyTorch's global generator, so parties in threads side by side would draw from each
+other's streams), each with its own Flower `Context` (node config `partition-id`, `num-partitions`), kept
+between messages as a SuperNode keeps it. A handler that raises becomes an error reply, as Flower's runtime
+sends it; a handler that stalls past the server's timeout is reported by the server as a timeout, and delays
+the parties queued behind it.
 """
 
 from __future__ import annotations
