@@ -60,7 +60,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     before = latest.resolve() if latest.exists() else None
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the run as Ctrl-C does
     try:
-        result = flwr_run(overrides, parties, flower_part(federation), environment=federation_environment(federation))
+        result = flwr_run(overrides, parties, flower_part(federation), environment=federation_environment(federation),
+                          verbose=args.verbose)
     except KeyboardInterrupt:  # flwr_run has stopped the SuperLink, the simulation and Ray by now
         run_dir = latest.resolve() if latest.exists() and latest.resolve() != before else None
         if run_dir is not None:
@@ -70,6 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if latest.exists() and latest.resolve() != before:  # the whole stream, the lines hidden from the console too
+        (latest / "flwr-run.log").write_text(result.output)
     if result.ok:
         print(f"\nrun {result.run_id}: {result.status}; results in {latest.resolve()}/results.json (runs/latest)")
         return 0
@@ -149,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="federation-config override, beats the preset's `federation:` block (e.g. client-resources-num-gpus=0.25)",
     )
+    run.add_argument("--verbose", action="store_true",
+                     help="print every line of Flower's and Ray's output (by default those that do not concern a "
+                     "fedsmix run are hidden; the run directory's flwr-run.log keeps them all)")
     run.set_defaults(func=cmd_run)
     show = sub.add_parser("show", help="print a run's results table and progress (a run still going, too)")
     show.add_argument("run_dir", nargs="?", default=str(PROJECT_ROOT / "runs" / "latest"))

@@ -34,6 +34,14 @@ default = "local"
 address = ":local:"
 """
 RUN_ID = re.compile(r"started run (\d+)")  # flwr/cli/run/run.py: "Successfully started run <id>"
+# Lines of `flwr run --stream` that contradict what fedsmix did or ask nothing of its user: hidden from the
+# console (the run's flwr-run.log keeps every line; `fedsmix run --verbose` shows them)
+NOISE = re.compile(
+    r"default simulated SuperNodes changed from 10 to 2"  # fedsmix always passes num-supernodes
+    r"|To change federation size, use the following command|flwr federation simulation-config"
+    r"|Successfully installed fedsmix to "  # the app's FAB, installed into FLWR_HOME for every run
+    r"|Ray will no longer override accelerator visible devices|^\s*warnings\.warn\($"  # Ray's FutureWarning
+)
 
 
 class LaunchError(RuntimeError):
@@ -126,10 +134,11 @@ def stream_run(
     timeout: float | None = None,
     on_line: Callable[[str], None] | None = None,
     echo: bool = False,
+    verbose: bool = False,
 ) -> FlowerRun:
     """`flwr run <app> [<connection>] --stream`; the status comes from `flwr ls` (the exit code of
     `flwr run --stream` says nothing about the ServerApp). Past `timeout` the run is stopped and
-    LaunchError raised."""
+    LaunchError raised. `echo` prints the stream, less the NOISE lines unless `verbose`."""
     argv = [_flwr_binary(), "run", str(app_dir), *([connection] if connection else []), "--stream"]
     if federation_config:
         argv += ["--federation-config", config_arg(federation_config)]
@@ -157,7 +166,7 @@ def stream_run(
             if line is None:
                 break
             output.append(line)
-            if echo:
+            if echo and (verbose or not NOISE.search(line)):
                 print(line, end="", flush=True)
             if run_id is None and (match := RUN_ID.search(line)):
                 run_id = int(match[1])
@@ -188,6 +197,7 @@ def flwr_run(
     stop_superlink: bool = True,
     environment: dict[str, str] | None = None,
     timeout: float | None = None,
+    verbose: bool = False,
 ) -> FlowerRun:
     """A local simulation through `flwr run`: `stream_run` against the local SuperLink, which is
     stopped afterwards (by PID) when this call started it.
@@ -199,7 +209,8 @@ def flwr_run(
     already_running = set(superlink_pids(env))
     federation = {**(federation_config or {}), "num-supernodes": num_supernodes}
     try:
-        return stream_run(run_config, env, federation_config=federation, app_dir=app_dir, timeout=timeout, echo=echo)
+        return stream_run(run_config, env, federation_config=federation, app_dir=app_dir, timeout=timeout, echo=echo,
+                          verbose=verbose)
     finally:  # also on Ctrl-C or SIGTERM: the SuperLink this call started, and all it started (the simulation, Ray)
         if stop_superlink:
             started = [p for p in superlink_pids(env) if p not in already_running]

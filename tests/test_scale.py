@@ -225,3 +225,30 @@ def test_the_upload_store_appends_one_journal_line_per_upload_and_loses_none(tmp
     reopened.flush()
     assert sorted(json.loads((tmp_path / "manifest.json").read_text())) == ["0", "1", "2", "4"]
     assert not (tmp_path / "manifest.jsonl").exists() and UploadStore(tmp_path).parties() == [0, 1, 2, 4]
+
+
+def test_the_console_hides_flowers_and_rays_lines_that_do_not_concern_the_run():
+    """The lines `flwr run --stream` printed in a quick-start run (Flower 1.42, Ray 2.55): the four that contradict
+    fedsmix or ask nothing of its user are hidden; every fedsmix line, and Flower's own status lines, stay."""
+    from commands.launch import NOISE
+
+    hidden = [
+        "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.\n",
+        "\x1b[92mINFO \x1b[0m:      To change federation size, use the following command:\n",
+        "\x1b[92mINFO \x1b[0m:      \tflwr federation simulation-config @none/default <superlink> "
+        "--num-supernodes <N>\n",
+        "Successfully installed fedsmix to /work/main/.flwr/apps/fedsmix.fedsmix.0.1.0.5e503470.\n",
+        ".venv/lib/python3.11/site-packages/ray/_private/worker.py:2051: FutureWarning: Tip: In future versions of "
+        "Ray, Ray will no longer override accelerator visible devices env var if num_gpus=0 or num_gpus=None\n",
+        "  warnings.warn(\n",
+    ]
+    kept = [
+        "Successfully started run 15975193734998327444\n",
+        "\x1b[92mINFO \x1b[0m:      Federation `@none/default` (3 simulated SuperNodes)\n",
+        "fedsmix parties connected and loaded: 3 of 3\n",
+        "\x1b[36m(ClientAppActor pid=13335)\x1b[0m fedsmix [local-only] party 0 local training epoch 1/30: "
+        "loss 1.7302\n",
+        "fedsmix run finished after 25s\n",
+    ]
+    assert all(NOISE.search(line) for line in hidden)
+    assert not any(NOISE.search(line) for line in kept)
