@@ -105,14 +105,18 @@ def spec(name: str) -> DatasetSpec:
         raise ValueError(f"dataset: unknown {name!r}; allowed: {', '.join(REGISTRY)}") from None
 
 
-def default_data_dir(configured: str = "") -> Path | None:
-    """Configured dir, else $FEDSMIX_DATA_DIR, else ../shared/data when it exists beside the project."""
+USER_DATA_DIR = Path("~/.cache/fedsmix/data")  # where a clone's data sets go (download=true puts them there)
+
+
+def default_data_dir(configured: str = "") -> Path:
+    """Configured dir, else $FEDSMIX_DATA_DIR, else ../shared/data when it exists beside the project (this
+    repository's CI), else ~/.cache/fedsmix/data."""
     if configured:
         return Path(configured).expanduser()
     if os.environ.get(DATA_DIR_ENV):
         return Path(os.environ[DATA_DIR_ENV]).expanduser()
     beside = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-    return beside if beside.is_dir() else None
+    return beside if beside.is_dir() else USER_DATA_DIR.expanduser()
 
 
 def _to_nchw(images: np.ndarray, channels: int) -> np.ndarray:
@@ -204,14 +208,12 @@ def load_split(name: str, split: str, data_dir: str = "", download: bool = False
         images, labels = _load_digits(split)
         return RawSplit(_to_nchw(images, 1), labels, ds)
     root = default_data_dir(data_dir)
-    tried = []
-    if root is not None:
-        path = root / ds.npz
-        tried.append(str(path))
-        if path.is_file():
-            images, labels = _load_npz(path, ds, split)
-            return RawSplit(_to_nchw(images, ds.channels), labels, ds)
-    if ds.torchvision is not None and root is not None:
+    path = root / ds.npz
+    tried = [str(path)]
+    if path.is_file():
+        images, labels = _load_npz(path, ds, split)
+        return RawSplit(_to_nchw(images, ds.channels), labels, ds)
+    if ds.torchvision is not None:
         try:
             images, labels = _load_torchvision(ds, split, root, download)
             return RawSplit(_to_nchw(images, ds.channels), labels, ds)
@@ -223,11 +225,10 @@ def load_split(name: str, split: str, data_dir: str = "", download: bool = False
             images, labels = _load_torchvision(ds, split, idx_root, False)
             return RawSplit(_to_nchw(images, ds.channels), labels, ds)
         tried.append(f"idx files in {', '.join(ds.idx_dirs)}")
-    nowhere = f"no data dir (data-dir is empty, ${DATA_DIR_ENV} is unset, no ../shared/data beside the project)"
     raise DatasetUnavailable(
-        f"dataset {name!r} ({split}) not found. Tried: {'; '.join(tried) or nowhere}. "
-        f"Put {ds.npz} (arrays x_train, y_train, x_test, y_test; see ../shared/data/README.md) into a "
-        f"directory and set run-config key 'data-dir' or ${DATA_DIR_ENV}"
+        f"dataset {name!r} ({split}) not found. Tried: {'; '.join(tried)}. "
+        f"Put {ds.npz} (uint8 arrays x_train, y_train, x_test, y_test; README, section Data) into {root} or "
+        f"another directory named by the key 'data-dir' or ${DATA_DIR_ENV}"
         + (", or set download=true to fetch it with torchvision." if ds.torchvision else ".")
     )
 
@@ -235,8 +236,8 @@ def load_split(name: str, split: str, data_dir: str = "", download: bool = False
 def class_ids(name: str, data_dir: str = "") -> np.ndarray:
     """The class ids (WordNet ids for Tiny-ImageNet) that a bundle's labels index, where it names them."""
     root = default_data_dir(data_dir)
-    path = None if root is None else root / spec(name).npz
-    if path is None or not path.is_file():
+    path = root / spec(name).npz
+    if not path.is_file():
         raise DatasetUnavailable(f"{name}: no archive with class names in {root}")
     with np.load(path) as archive:
         if "wnids" not in archive:

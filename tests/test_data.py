@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -218,3 +220,13 @@ def test_to_unit_never_changes_the_cached_split():
     first = data.to_unit(raw.images, raw.spec)
     second = data.to_unit(data.load_split("digits", "test").images, raw.spec)
     assert np.array_equal(raw.images, before) and torch.equal(first, second)
+
+
+def test_a_clone_with_nothing_beside_it_reads_its_data_from_the_users_cache(tmp_path, monkeypatch):
+    from fedsmix import data as datalib
+
+    monkeypatch.delenv(datalib.DATA_DIR_ENV, raising=False)
+    monkeypatch.setattr(datalib, "__file__", str(tmp_path / "clone" / "fedsmix" / "data.py"))  # no ../shared
+    assert datalib.default_data_dir() == Path("~/.cache/fedsmix/data").expanduser()
+    monkeypatch.setenv(datalib.DATA_DIR_ENV, str(tmp_path / "mine"))
+    assert datalib.default_data_dir() == tmp_path / "mine" and datalib.default_data_dir("x") == Path("x")
