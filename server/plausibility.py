@@ -35,7 +35,7 @@ Across parties (`quarantine`, after every upload arrived; the first three need a
   does too, and then the check abstains). Catches garbage whose mean alone carries the party's classes
   (strongly non-IID parties), which labels-vs-inputs cannot.
 
-Thresholds were set from honest uploads (benchmarks/plausibility_honest.py: data sets, partitions, tau and
+Thresholds were set from honest uploads (benchmarks/plausibility.py: data sets, partitions, tau and
 radius modes; its count of honest parties quarantined is in docs/robustness.md) with a wide margin.
 """
 
