@@ -34,9 +34,11 @@ test: system $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
+# the fast tier is CPU-bound: one worker per core
+FAST_WORKERS ?= 2
 test-fast: system $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not slow and not sim" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(FAST_WORKERS) --dist loadfile -m "not slow and not sim" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
