@@ -309,34 +309,68 @@ class Settings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _radius_given_when_fixed(self) -> Settings:
+    def _encoding_is_consistent(self) -> Settings:
+        """The encoder's own keys: radius, screen, mixing weights, the space it mixes in."""
         if self.normalisation == "imagenet" and self.backbone != "none":
             raise ValueError("normalisation 'imagenet' applies to pixels; a backbone normalises its own inputs")
-        instahide = self.encoder in INSTAHIDE
-        if self.attack_pairing == "recovered" and not instahide and (
-                self.encoder != "singularized" or self.encodings_per_sample != 1
-                or self.permutation != "derangement" or self.screen != "none"):
-            raise ValueError("attack-pairing 'recovered' recovers singularized mixup's derangement (one encoding per "
-                             "sample, unscreened) or InstaHide's membership (server/adversary/pairing.py)")
         if self.screen != "none" and self.encoder != "singularized":
             raise ValueError(f"screen {self.screen!r}: the post-processing screen applies to singularized mixup")
         if self.radius_mode == "fixed" and self.radius <= 0 and self.encoder == "singularized":
             raise ValueError("radius-mode 'fixed' needs radius > 0")
+        if self.radius_mode == "pixel-mapped" and self.backbone == "none":
+            raise ValueError("radius-mode 'pixel-mapped' needs a backbone (mixing in feature space)")
+        if self.encoder in ("mixup", "instahide-inside", "instahide-cross") and self.coefficient_cap * self.mix_k < 1:
+            raise ValueError(
+                f"coefficient-cap {self.coefficient_cap} x mix-k {self.mix_k} < 1: the weights cannot sum to 1"
+            )
+        if self.encoder == "instahide-cross":
+            if self.mix_k < 3:
+                raise ValueError(
+                    f"mix-k: instahide-cross mixes 2 private and mix-k - 2 >= 1 public images; got {self.mix_k}"
+                )
+            if self.private_mass_min > min(1.0, 2 * self.coefficient_cap) or self.private_mass_min >= 1.0:
+                raise ValueError(
+                    f"private-mass-min {self.private_mass_min} is unreachable with coefficient-cap "
+                    f"{self.coefficient_cap} and at least one public image"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _attacker_can_do_what_it_is_asked(self) -> Settings:
+        if self.attack_pairing == "recovered" and self.encoder not in INSTAHIDE and (
+                self.encoder != "singularized" or self.encodings_per_sample != 1
+                or self.permutation != "derangement" or self.screen != "none"):
+            raise ValueError("attack-pairing 'recovered' recovers singularized mixup's derangement (one encoding per "
+                             "sample, unscreened) or InstaHide's membership (server/adversary/pairing.py)")
+        return self
+
+    @model_validator(mode="after")
+    def _model_and_trainer_fit_the_inputs(self) -> Settings:
+        """The classifier and mixup-union's central trainer against what they read (images, features, h(x))."""
         linear = self.trainer.startswith(("ridge", "lda"))
         if self.validation_fraction == 0 and (self.trainer == "auto" or (linear and len(self.head_penalties) > 1)):
             raise ValueError(
                 f"validation-fraction 0 leaves nothing to choose trainer {self.trainer!r} (and head-penalties) with; "
                 "set validation-fraction > 0, or one trainer with one head-penalties value"
             )
-        if self.radius_mode == "pixel-mapped" and self.backbone == "none":
-            raise ValueError("radius-mode 'pixel-mapped' needs a backbone (mixing in feature space)")
         if self.model in ("cnn", "lenet5") and self.backbone != "none":
             raise ValueError(f"model {self.model!r} needs images, and backbone {self.backbone!r} turns them into "
                              "feature vectors: use model 'mlp' (or 'auto') with a backbone")
-        if self.encoder in ("mixup", "instahide-inside", "instahide-cross") and self.coefficient_cap * self.mix_k < 1:
-            raise ValueError(
-                f"coefficient-cap {self.coefficient_cap} x mix-k {self.mix_k} < 1: the weights cannot sum to 1"
-            )
+        if self.encoder == "mixcon":
+            if self.backbone != "none":
+                raise ValueError(f"encoder 'mixcon' trains its own cut layer on pixels; set backbone 'none', "
+                                 f"not {self.backbone!r}")
+            if self.model not in ("auto", "lenet5"):
+                raise ValueError(f"model: encoder 'mixcon' splits LeNet-5 at its cut layer; use 'lenet5' or 'auto', "
+                                 f"not {self.model!r}")
+            if self.trainer not in ("auto", "mlp"):
+                raise ValueError(f"trainer: encoder 'mixcon' trains LeNet-5's head on the representations ('auto' "
+                                 f"or 'mlp'), not {self.trainer!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _defences_can_run(self) -> Settings:
+        """The defences inside FedAvg/FedProx: batch mixing, DP-SGD (Opacus), DP-FedAvg (Flower's wrapper)."""
         if self.batch_mix != "none" and self.coefficient_cap * self.batch_mix_k < 1:
             raise ValueError(
                 f"coefficient-cap {self.coefficient_cap} x batch-mix-k {self.batch_mix_k} < 1: "
@@ -351,26 +385,6 @@ class Settings(BaseModel):
         if self.dp_fedavg != "off" and self.model_norm != "group":
             raise ValueError("dp-fedavg needs model-norm 'group': BatchNorm's running statistics (and its integer "
                              "batch counter) would be clipped and noised as if they were weights")
-        if self.encoder == "mixcon":
-            if self.backbone != "none":
-                raise ValueError(f"encoder 'mixcon' trains its own cut layer on pixels; set backbone 'none', "
-                                 f"not {self.backbone!r}")
-            if self.model not in ("auto", "lenet5"):
-                raise ValueError(f"model: encoder 'mixcon' splits LeNet-5 at its cut layer; use 'lenet5' or 'auto', "
-                                 f"not {self.model!r}")
-            if self.trainer not in ("auto", "mlp"):
-                raise ValueError(f"trainer: encoder 'mixcon' trains LeNet-5's head on the representations ('auto' "
-                                 f"or 'mlp'), not {self.trainer!r}")
-        if self.encoder == "instahide-cross":
-            if self.mix_k < 3:
-                raise ValueError(
-                    f"mix-k: instahide-cross mixes 2 private and mix-k - 2 >= 1 public images; got {self.mix_k}"
-                )
-            if self.private_mass_min > min(1.0, 2 * self.coefficient_cap) or self.private_mass_min >= 1.0:
-                raise ValueError(
-                    f"private-mass-min {self.private_mass_min} is unreachable with coefficient-cap "
-                    f"{self.coefficient_cap} and at least one public image"
-                )
         return self
 
     # ------------------------------------------------------------------ helpers
