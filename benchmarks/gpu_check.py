@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from commands.simulate import simulate  # noqa: E402
-from fedsmix.central import train_classifier  # noqa: E402
 from fedsmix.config import load_settings  # noqa: E402
+from fedsmix.trainers import train_classifier  # noqa: E402
 
 
 def simulation(device: str, num_gpus: float) -> dict:

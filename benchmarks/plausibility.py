@@ -25,12 +25,12 @@ import time
 import numpy as np
 from common import DATA_DIR, RESULTS, write
 
-from fedsmix.central import Union, clipped
 from fedsmix.config import load_settings
 from fedsmix.faults import corrupt
 from fedsmix.features import cache_path
 from fedsmix.party import prepare_upload
 from fedsmix.seeding import generator
+from fedsmix.trainers import Union, clipped
 from server import plausibility
 
 BAD = 3

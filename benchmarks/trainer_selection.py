@@ -5,7 +5,7 @@ honest selection sees) beside the clean test accuracy (what it must never see). 
 
 Uploads are made exactly as a run makes them (`prepare_upload`, every party its whole partition);
 the candidates are fit on the union less `validation-fraction` of every party's rows, as
-`central.train_union` does, and scored by each party on the clean samples its held-out rows encode.
+`trainers.train_union` does, and scored by each party on the clean samples its held-out rows encode.
 Writes benchmarks/results/trainer-selection.json.
 """
 
@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from common import DATA_DIR, write
 
-from fedsmix import central
 from fedsmix import data as datalib
+from fedsmix import trainers
 from fedsmix.config import load_settings
 from fedsmix.party import prepare_upload
 from fedsmix.space import load_test, mixing_shape
@@ -34,20 +34,20 @@ def measure(preset: str, tau: float, parties: int, epochs: int, overrides: dict)
     y = np.concatenate([u.arrays["y"] for u in ups])
     rows = np.concatenate([np.full(len(u.arrays["y"]), p) for p, u in enumerate(ups)])
     shape, num_classes = mixing_shape(s), datalib.dataset_spec(s).num_classes
-    union = central.Union(torch.from_numpy(x), y, rows,
-                          *central.union_statistics([u.metrics for u in ups], int(np.prod(shape)), s.encoder))
-    held = central.validation_rows(s, rows)
-    names = central.candidate_names(s)
-    fitted = central.fit(s, union.subset(np.setdiff1d(np.arange(len(y)), held)), shape, num_classes, "cpu", names,
-                         public=central.server_public(s))
+    union = trainers.Union(torch.from_numpy(x), y, rows,
+                          *trainers.union_statistics([u.metrics for u in ups], int(np.prod(shape)), s.encoder))
+    held = trainers.validation_rows(s, rows)
+    names = trainers.candidate_names(s)
+    fitted = trainers.fit(s, union.subset(np.setdiff1d(np.arange(len(y)), held)), shape, num_classes, "cpu", names,
+                         public=trainers.server_public(s))
     offsets = np.cumsum([0] + [len(u.arrays["y"]) for u in ups])
     scores = {}
     for p, u in enumerate(ups):  # a party scores on the clean samples its held-out rows encode
         mine = held[(held >= offsets[p]) & (held < offsets[p + 1])] - offsets[p]
-        scores[p] = central.score_models(fitted.models, u.partition.x[mine], u.partition.labels[mine])
-    chosen, validation = central.select(scores, names)
+        scores[p] = trainers.score_models(fitted.models, u.partition.x[mine], u.partition.labels[mine])
+    chosen, validation = trainers.select(scores, names)
     test = load_test(s)
-    accuracy = {n: central.test_accuracy(m, test, "cpu")["accuracy"] for n, m in fitted.models.items()}
+    accuracy = {n: trainers.test_accuracy(m, test, "cpu")["accuracy"] for n, m in fitted.models.items()}
     record = {"tau": tau, "r": float(np.mean([u.metrics["radius"] for u in ups])), "noise_var": union.noise_var,
               "mix_scale": union.mix_scale, "selected": chosen, "val": validation, "test": accuracy,
               "seconds": time.perf_counter() - t0}

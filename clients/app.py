@@ -14,13 +14,13 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
 
-from fedsmix.central import test_accuracy
 from fedsmix.config import Settings
 from fedsmix.device import select_device
 from fedsmix.faults import maybe_fail
 from fedsmix.party import dp_sgd_spent, load_partition, personalize, prepare_upload, score_candidates, train_local
 from fedsmix.progress import Progress
 from fedsmix.space import load_test
+from fedsmix.trainers import test_accuracy
 from fedsmix.training import warm_up
 
 app = ClientApp()

@@ -123,7 +123,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_features(args: argparse.Namespace) -> int:
-    from fedsmix.central import ensure_run_features
+    from fedsmix.trainers import ensure_run_features
 
     settings = load_settings({**({"preset": args.preset} if args.preset else {}), **parse_sets(args.set)})
     if settings.backbone == "none":

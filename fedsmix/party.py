@@ -346,7 +346,7 @@ def score_candidates(
 ) -> dict[str, dict[str, int]]:
     """Selection of the central trainer: each candidate's correct predictions on the clean samples that the
     server's held-out upload rows encode. Only these counts leave the party."""
-    from .central import build_model, score_models
+    from .trainers import build_model, score_models
 
     samples = torch.from_numpy(samples_of_rows(settings, part, rows))
     models = {}
@@ -359,7 +359,7 @@ def score_candidates(
 def personalize(settings: Settings, part: Partition, name: str, state: dict, device: str = "cpu") -> torch.nn.Module:
     """The central model as the party ends up with it: BatchNorm statistics recalibrated on the party's
     own clean partition (a linear head has none and is returned as sent)."""
-    from .central import build_model, recalibrate_batchnorm
+    from .trainers import build_model, recalibrate_batchnorm
 
     model = build_model(name, settings, part.sample_shape, part.num_classes)
     model.load_state_dict(state)

@@ -29,7 +29,7 @@ Across parties (`quarantine`, after every upload arrived; the first three need a
   parties' rows of the same classes do (class by class: under label skew a party holding a hard class is
   not suspect), random inputs (garbage) or permuted classes (label flipping) far less. Decided only
   when the parties' agreement is well above chance (at tiny tau the noise hides the labels from any linear
-  head, and the check abstains: robust central training is the fallback there, fedsmix/central.py).
+  head, and the check abstains: robust central training is the fallback there, fedsmix/trainers.py).
 - `structure`: real encodings put a good share of their (centred) energy into the few principal directions
   the parties' rows share; random values spread it over every direction (the sphere noise of a small tau
   does too, and then the check abstains). Catches garbage whose mean alone carries the party's classes
@@ -47,10 +47,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedsmix.central import Moments, linear_heads, weight_moments
 from fedsmix.config import Settings
 from fedsmix.encoders import noise_multiplier
 from fedsmix.seeding import generator
+from fedsmix.trainers import Moments, linear_heads, weight_moments
 
 REPORTED = ("alpha", "tau", "radius", "V", "D", "c")  # what every party reports with its upload (party.py)
 LABEL_TOLERANCE = 1e-4  # float32 soft labels computed from float64 weights

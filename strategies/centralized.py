@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 from fedsmix import data as datalib
-from fedsmix.central import test_accuracy, train_classifier
 from fedsmix.space import load_train_all, mixing_shape
+from fedsmix.trainers import test_accuracy, train_classifier
 from server.context import RunContext
 from strategies.common import epoch_hook, weights_record
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from flwr.app import ConfigRecord, Message
 
-from fedsmix.central import test_accuracy
+from fedsmix.trainers import test_accuracy
 from fedsmix.training import state_digest, state_sketch
 from server.context import RunAborted, RunContext
 

@@ -26,11 +26,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedProx, FedTrimmedAvg, Krum, MultiKrum
 
 from fedsmix import data as datalib
-from fedsmix.central import test_accuracy
 from fedsmix.config import Settings
 from fedsmix.models import new_classifier
 from fedsmix.seeding import derive_seed
 from fedsmix.space import mixing_shape
+from fedsmix.trainers import test_accuracy
 from server.context import RunAborted, RunContext
 from strategies import dp_fedavg
 from strategies.common import bytes_summary, split_replies, weights_record

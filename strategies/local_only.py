@@ -7,9 +7,9 @@ import time
 from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 
 from fedsmix import data as datalib
-from fedsmix.central import test_accuracy
 from fedsmix.models import new_classifier
 from fedsmix.space import mixing_shape
+from fedsmix.trainers import test_accuracy
 from server.context import RunContext
 from strategies.common import bytes_summary, require_parties, settings_config, split_replies
 

@@ -22,7 +22,11 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 from fedsmix import data as datalib
-from fedsmix.central import (
+from fedsmix.faults import interrupt_after
+from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
+from fedsmix.runs import atomic_write_bytes
+from fedsmix.space import mixing_shape, upload_shape
+from fedsmix.trainers import (
     Selection,
     Union,
     party_summary,
@@ -31,10 +35,6 @@ from fedsmix.central import (
     train_union,
     union_statistics,
 )
-from fedsmix.faults import interrupt_after
-from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
-from fedsmix.runs import atomic_write_bytes
-from fedsmix.space import mixing_shape, upload_shape
 from fedsmix.training import CheckpointMismatch
 from server.context import RunContext
 from server.plausibility import Evidence, examine, quarantine

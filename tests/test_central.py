@@ -1,4 +1,4 @@
-"""The central trainers (fedsmix/central.py): closed-form heads, the known-noise correction, BatchNorm
+"""The central trainers (fedsmix/trainers.py): closed-form heads, the known-noise correction, BatchNorm
 recalibration, and a selection that sees only what the parties score on their own clean data."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsmix import central
 from fedsmix import data as datalib
+from fedsmix import trainers
 from fedsmix.config import load_settings
 from fedsmix.encoders import singularized_mixup
 from fedsmix.seeding import generator
@@ -28,8 +28,8 @@ def blobs(n: int, d: int = 32, classes: int = 4, seed: int = 0, spread: float = 
 def test_ridge_heads_are_the_closed_form_solution():
     x, labels = blobs(400)
     y = datalib.one_hot(labels, 4).numpy()
-    m = central.Moments.of(x, y)
-    head = central.linear_heads("ridge", m, (0.1,))["ridge@0.1"]
+    m = trainers.Moments.of(x, y)
+    head = trainers.linear_heads("ridge", m, (0.1,))["ridge@0.1"]
     xc = (x.double() - x.double().mean(0)).numpy()
     cov = xc.T @ xc / len(x)
     lam = 0.1 * np.trace(cov) / cov.shape[0]
@@ -47,19 +47,19 @@ def test_errors_in_variables_removes_the_known_noise():
     y = datalib.one_hot(labels, 4).numpy()
     sigma2 = 25.0
     noisy = x + sigma2**0.5 * torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
-    clean = central.linear_heads("ridge", central.Moments.of(x, y), (1.0,))["ridge@1"].linear.weight.detach()
-    m = central.Moments.of(noisy, y)
-    plain = central.linear_heads("ridge", m, (1.0,))["ridge@1"].linear.weight.detach()
-    eiv = central.linear_heads("ridge-eiv", m, (1.0,), noise_var=sigma2)["ridge-eiv@1"].linear.weight.detach()
+    clean = trainers.linear_heads("ridge", trainers.Moments.of(x, y), (1.0,))["ridge@1"].linear.weight.detach()
+    m = trainers.Moments.of(noisy, y)
+    plain = trainers.linear_heads("ridge", m, (1.0,))["ridge@1"].linear.weight.detach()
+    eiv = trainers.linear_heads("ridge-eiv", m, (1.0,), noise_var=sigma2)["ridge-eiv@1"].linear.weight.detach()
     assert (eiv - clean).norm() < 0.5 * (plain - clean).norm()
     assert plain.norm() < 0.5 * clean.norm()  # the attenuation errors-in-variables undoes
 
 
 def test_batchnorm_is_recalibrated_on_the_given_data():
     settings = load_settings({"model": "mlp"})
-    model = central.build_model("mlp", settings, (8,), 3)
+    model = trainers.build_model("mlp", settings, (8,), 3)
     x = torch.randn(256, 8) * 5 + 2
-    central.recalibrate_batchnorm(model, x)
+    trainers.recalibrate_batchnorm(model, x)
     bn = model.net[2]
     first = model.net[1](x).detach()
     assert torch.allclose(bn.running_mean, first.mean(0), atol=1e-4)
@@ -81,14 +81,14 @@ def _synthetic_union(settings, radius: float, parties: int = 4, n: int = 600):
     d = xs[0].shape[1]
     reports = [{"num-examples": n, "radius": radius, "alpha": settings.alpha, "V": float(x.var(0).sum())}
                for x, _ in clean.values()]
-    union = central.Union(torch.cat(xs), np.concatenate(ys), np.concatenate(owners),
-                          *central.union_statistics(reports, d, "singularized"))
+    union = trainers.Union(torch.cat(xs), np.concatenate(ys), np.concatenate(owners),
+                          *trainers.union_statistics(reports, d, "singularized"))
     return union, clean, blobs(2000, seed=77)
 
 
 def _party_scores(clean):
     def score(models, held):
-        return {p: central.score_models(models, clean[p][0][rows], clean[p][1][rows]) for p, rows in held.items()}
+        return {p: trainers.score_models(models, clean[p][0][rows], clean[p][1][rows]) for p, rows in held.items()}
 
     return score
 
@@ -101,11 +101,11 @@ def test_under_large_known_noise_the_noise_aware_trainers_beat_the_mlp():
     accuracy = {}
     for trainer in ("mlp", "ridge-eiv", "auto"):
         chosen = settings.replace(trainer=trainer)
-        selection = central.train_union(chosen, union, (32,), 4, "cpu", score=_party_scores(clean), public=public)
-        accuracy[trainer] = central.test_accuracy(selection.model, (x_test, y_test), "cpu")["accuracy"]
+        selection = trainers.train_union(chosen, union, (32,), 4, "cpu", score=_party_scores(clean), public=public)
+        accuracy[trainer] = trainers.test_accuracy(selection.model, (x_test, y_test), "cpu")["accuracy"]
         if trainer == "auto":
             assert selection.chosen != "mlp" and selection.held_out == 4 * 60  # 10 % of each party's 600 rows
-            assert set(selection.validation) == set(central.candidate_names(chosen))
+            assert set(selection.validation) == set(trainers.candidate_names(chosen))
     assert accuracy["mlp"] < 0.4  # the head fits the noise statistics and fails on clean inputs
     assert accuracy["ridge-eiv"] > accuracy["mlp"] + 0.2
     assert accuracy["auto"] > accuracy["mlp"] + 0.2
@@ -121,9 +121,9 @@ def test_selection_never_reads_the_test_split(monkeypatch):
         raise AssertionError(f"unexpected data load: {name}/{split}")
 
     monkeypatch.setattr(datalib, "load_split", refuse)
-    selection = central.train_union(settings, union, (32,), 4, "cpu", score=_party_scores(clean),
+    selection = trainers.train_union(settings, union, (32,), 4, "cpu", score=_party_scores(clean),
                                     public=blobs(300, seed=3)[0])
-    assert selection.chosen in central.candidate_names(settings)
+    assert selection.chosen in trainers.candidate_names(settings)
 
 
 def test_a_server_without_the_public_set_skips_only_the_candidates_that_need_it(tmp_path):
@@ -134,13 +134,13 @@ def test_a_server_without_the_public_set_skips_only_the_candidates_that_need_it(
             events.append((kind, fields))
 
     settings = load_settings({"dataset": "digits", "trainer": "auto", "data-dir": str(tmp_path)})
-    assert central.server_public(settings, Record()) is None  # no tinyimagenet32.npz in an empty data dir
-    assert events[0][0] == "public-unavailable" and events[0][1]["skipped"] == list(central.PUBLIC)
-    names = central.candidate_names(settings, public=False)
-    assert names and not any(name.split("@")[0] in central.PUBLIC for name in names)
+    assert trainers.server_public(settings, Record()) is None  # no tinyimagenet32.npz in an empty data dir
+    assert events[0][0] == "public-unavailable" and events[0][1]["skipped"] == list(trainers.PUBLIC)
+    names = trainers.candidate_names(settings, public=False)
+    assert names and not any(name.split("@")[0] in trainers.PUBLIC for name in names)
     with pytest.raises(datalib.DatasetUnavailable, match="trainer 'lda-public' needs the public set"):
-        central.server_public(settings.replace(trainer="lda-public"))
-    assert central.server_public(settings.replace(trainer="ridge")) is None  # needs none, loads none
+        trainers.server_public(settings.replace(trainer="lda-public"))
+    assert trainers.server_public(settings.replace(trainer="ridge")) is None  # needs none, loads none
 
 
 def test_each_held_out_row_maps_to_the_partys_own_sample():
@@ -156,10 +156,10 @@ def test_each_held_out_row_maps_to_the_partys_own_sample():
 def test_validation_rows_are_a_seeded_fraction_of_every_party():
     settings = load_settings({"validation-fraction": 0.25})
     parties = np.repeat([0, 1, 2], [8, 4, 1])
-    held = central.validation_rows(settings, parties)
+    held = trainers.validation_rows(settings, parties)
     assert [int((parties[held] == p).sum()) for p in range(3)] == [2, 1, 1]  # at least one row each
-    assert np.array_equal(held, central.validation_rows(settings, parties))
-    assert not np.array_equal(held, central.validation_rows(settings.replace(seed=1), parties))
+    assert np.array_equal(held, trainers.validation_rows(settings, parties))
+    assert not np.array_equal(held, trainers.validation_rows(settings.replace(seed=1), parties))
 
 
 def test_lda_recovers_the_clean_class_means_from_mixed_soft_labels():
@@ -168,14 +168,14 @@ def test_lda_recovers_the_clean_class_means_from_mixed_soft_labels():
     settings = load_settings({})
     x, labels = blobs(20_000, d=16, seed=4)
     enc = singularized_mixup(x, datalib.one_hot(labels, 4), settings.alpha, 0.0, generator(0, "lda"))
-    _, mix_scale = central.union_statistics([{"num-examples": 1, "alpha": settings.alpha, "radius": 0.0}], 16,
+    _, mix_scale = trainers.union_statistics([{"num-examples": 1, "alpha": settings.alpha, "radius": 0.0}], 16,
                                             "singularized")
-    m = central.Moments.of(enc.x, enc.y.numpy())
+    m = trainers.Moments.of(enc.x, enc.y.numpy())
     recovered = m.xy / (m.mean_y * mix_scale)
     truth = torch.stack([x[labels == c].double().mean(0) for c in range(4)], dim=1) - x.double().mean(0)[:, None]
     assert (recovered - truth).norm() < 0.05 * truth.norm()
     shrunk = m.xy / m.mean_y  # without the mixing scale: the class means of the mixtures
     assert (shrunk - truth).norm() > 0.3 * truth.norm()
-    head = central.linear_heads("lda", m, (1e-3,), 0.0, mix_scale)["lda@0.001"]
+    head = trainers.linear_heads("lda", m, (1e-3,), 0.0, mix_scale)["lda@0.001"]
     x_test, y_test = blobs(2000, d=16, seed=8)
-    assert central.test_accuracy(head, (x_test, y_test), "cpu")["accuracy"] > 0.9
+    assert trainers.test_accuracy(head, (x_test, y_test), "cpu")["accuracy"] > 0.9

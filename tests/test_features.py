@@ -217,7 +217,7 @@ def test_features_command_extracts_the_public_pool_only_when_a_step_reads_it(ove
 
 
 def test_a_missing_public_set_is_skipped_only_where_the_run_can_do_without_it(monkeypatch):
-    from fedsmix.central import ensure_run_features
+    from fedsmix.trainers import ensure_run_features
 
     def no_public(settings, split):
         if settings.dataset == features.PUBLIC_DATASET:

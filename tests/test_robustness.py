@@ -14,11 +14,11 @@ import pytest
 import torch
 from rich.console import Console
 
-from fedsmix.central import Union, clipped
 from fedsmix.config import SettingsError, load_settings
 from fedsmix.faults import corrupt, derangement, falsify_update, flip_classes
 from fedsmix.party import prepare_upload, replayed_upload
 from fedsmix.seeding import generator
+from fedsmix.trainers import Union, clipped
 from fedsmix.training import soft_cross_entropy
 from server import plausibility
 from server.results import render
@@ -257,7 +257,7 @@ def test_robust_aggregators_ignore_one_scaled_update(aggregation):
 
 def test_robust_training_reaches_every_candidate_of_the_central_trainer(monkeypatch):
     """clip: the linear heads are fitted on the clipped rows; trim: the MLP's loop gets the trim fraction."""
-    from fedsmix import central
+    from fedsmix import trainers
 
     rng = np.random.default_rng(1)
     x = rng.standard_normal((300, 1, 4, 4)).astype(np.float32)
@@ -266,20 +266,20 @@ def test_robust_training_reaches_every_candidate_of_the_central_trainer(monkeypa
     union = Union(x, y, np.repeat(np.arange(3), 100))
     settings = load_settings({"trainer": "ridge", "head-penalties": "0.1", "validation-fraction": 0,
                               "robust-training": "off"})
-    plain = central.fit(settings, union, (1, 4, 4), 3, "cpu", ["ridge@0.1"]).models["ridge@0.1"]
-    robust = central.fit(settings.replace(robust_training="clip"), union, (1, 4, 4), 3, "cpu", ["ridge@0.1"])
-    by_hand = central.fit(settings, central.clipped(union), (1, 4, 4), 3, "cpu", ["ridge@0.1"]).models["ridge@0.1"]
+    plain = trainers.fit(settings, union, (1, 4, 4), 3, "cpu", ["ridge@0.1"]).models["ridge@0.1"]
+    robust = trainers.fit(settings.replace(robust_training="clip"), union, (1, 4, 4), 3, "cpu", ["ridge@0.1"])
+    by_hand = trainers.fit(settings, trainers.clipped(union), (1, 4, 4), 3, "cpu", ["ridge@0.1"]).models["ridge@0.1"]
     weight = robust.models["ridge@0.1"].linear.weight
     assert torch.allclose(weight, by_hand.linear.weight) and not torch.allclose(weight, plain.linear.weight)
     seen = {}
 
     def fake_train(model, x, y, cfg, generator, **kwargs):
         seen["trim"] = cfg.trim
-        return central.TrainReport()
+        return trainers.TrainReport()
 
-    monkeypatch.setattr(central, "train", fake_train)
-    central.fit(settings.replace(trainer="mlp", robust_training="trim", robust_trim=0.2), union, (1, 4, 4), 3,
+    monkeypatch.setattr(trainers, "train", fake_train)
+    trainers.fit(settings.replace(trainer="mlp", robust_training="trim", robust_trim=0.2), union, (1, 4, 4), 3,
                 "cpu", ["mlp"])
     assert seen["trim"] == 0.2
-    central.fit(load_settings({"trainer": "mlp"}), union, (1, 4, 4), 3, "cpu", ["mlp"])
+    trainers.fit(load_settings({"trainer": "mlp"}), union, (1, 4, 4), 3, "cpu", ["mlp"])
     assert seen["trim"] == 0.0  # trim is off by default (clip is on)

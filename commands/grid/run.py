@@ -22,7 +22,7 @@ from .plan import GridPlan
 
 def warm_feature_cache(plan: GridPlan) -> None:
     """Extract backbone features once, here, before thirty parties would wait on the same lock."""
-    from fedsmix.central import ensure_run_features
+    from fedsmix.trainers import ensure_run_features
 
     for cell in plan.cells:  # a cached split costs one file check
         settings = load_settings({**plan.base, **cell.overrides()})
