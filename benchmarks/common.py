@@ -24,6 +24,9 @@ PROJECT = Path(__file__).resolve().parent.parent
 if str(PROJECT) not in sys.path:
     sys.path.insert(0, str(PROJECT))
 RESULTS = PROJECT / "benchmarks" / "results"
+
+from commands.launch import process_children  # noqa: E402  (after the path above)
+
 DATA_DIR = str((PROJECT.parent / "shared" / "data").resolve())
 
 
@@ -53,19 +56,6 @@ def write(name: str, data: dict) -> Path:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     print(f"wrote {path.relative_to(PROJECT)}")
     return path
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        tree.setdefault(ppid, []).append(int(proc.name))
-    return tree
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -151,7 +141,7 @@ class TreeMemorySampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            tree = _children()
+            tree = process_children()
             todo, seen = [os.getpid(), *self.extra_roots()], set()
             while todo:
                 pid = todo.pop()

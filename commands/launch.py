@@ -235,9 +235,8 @@ def superlink_pids(env: dict[str, str]) -> list[int]:
     return pids
 
 
-def descendants(pids: list[int]) -> list[int]:
-    """Every process below `pids` (children, theirs, ...), read from /proc: looked up before the parents stop,
-    since an orphan's parent becomes init."""
+def process_children() -> dict[int, list[int]]:
+    """Parent pid -> its children's pids, read from /proc."""
     children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -247,6 +246,13 @@ def descendants(pids: list[int]) -> list[int]:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(proc.name))
+    return children
+
+
+def descendants(pids: list[int]) -> list[int]:
+    """Every process below `pids` (children, theirs, ...): looked up before the parents stop, since an orphan's
+    parent becomes init."""
+    children = process_children()
     found, todo = [], list(pids)
     while todo:
         for child in children.get(todo.pop(), []):
