@@ -535,27 +535,36 @@ def read_npz_dataset(path: Path) -> UserDataset:
     return _user_dataset(path, "npz", split, *arrays, classes=classes, where=where)
 
 
-def _image_files(folder: Path, classes: list[str]) -> list[tuple[Path, int]]:
+def _image_files(folder: Path, classes: list[str], problems: list[str]) -> list[tuple[Path, int]]:
+    """The images of each class folder; what is wrong (stray files, non-images, empty classes) goes to
+    `problems`, so that one report names every one."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     files = []
-    strays = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
-    if strays:
-        raise DatasetError(f"{strays[0]}: a file directly in {folder.name}/; every image belongs in a class "
-                           f"sub-folder ({folder.name}/<class>/<image>)")
+    for stray in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+        problems.append(f"{stray}: a file directly in {folder.name}/; every image belongs in a class "
+                        f"sub-folder ({folder.name}/<class>/<image>)")
     for index, name in enumerate(classes):
         found = 0
         for p in sorted((folder / name).rglob("*")):
             if not p.is_file() or any(part.startswith(".") for part in p.relative_to(folder).parts):
                 continue  # hidden files (.DS_Store) and folders are not data
             if not p.name.lower().endswith(IMG_EXTENSIONS):
-                raise DatasetError(f"{p}: not an image file (extension {p.suffix or 'none'}; "
-                                   f"allowed: {', '.join(IMG_EXTENSIONS)})")
+                problems.append(f"{p}: not an image file (extension {p.suffix or 'none'}; "
+                                f"allowed: {', '.join(IMG_EXTENSIONS)})")
+                continue
             files.append((p, index))
             found += 1
         if not found:
-            raise DatasetError(f"{folder / name}: class folder holds no images (an empty class)")
+            problems.append(f"{folder / name}: class folder holds no images (an empty class)")
     return files
+
+
+def _report(problems: list[str], path: Path, shown: int = 20) -> DatasetError:
+    """One error for every problem found: the first on the first line (it names its file), the rest below."""
+    more = f"\n... and {len(problems) - shown} more" if len(problems) > shown else ""
+    tail = f"\n({len(problems)} problems in {path})" if len(problems) > 1 else ""
+    return DatasetError("\n".join(problems[:shown]) + more + tail)
 
 
 def read_image_folder(path: Path) -> UserDataset:
@@ -570,13 +579,12 @@ def read_image_folder(path: Path) -> UserDataset:
     except FileNotFoundError as err:
         raise DatasetError(f"{path / 'train'}: {err}") from None
     test_classes = sorted(p.name for p in (path / "test").iterdir() if p.is_dir() and not p.name.startswith("."))
-    foreign = [c for c in test_classes if c not in classes]
-    if foreign:
-        raise DatasetError(f"{path / 'test' / foreign[0]}: class folder has no counterpart in {path / 'train'}/ "
-                           f"(training classes: {', '.join(classes)})")
-    splits = {"train": _image_files(path / "train", classes), "test": _image_files(path / "test", test_classes)}
-    test_index = {name: classes.index(name) for name in test_classes}
-    splits["test"] = [(p, test_index[test_classes[i]]) for p, i in splits["test"]]
+    problems = [f"{path / 'test' / name}: class folder has no counterpart in {path / 'train'}/ (training classes: "
+                f"{', '.join(classes)})" for name in test_classes if name not in classes]
+    known = [name for name in test_classes if name in classes]
+    splits = {"train": _image_files(path / "train", classes, problems),
+              "test": _image_files(path / "test", known, problems)}
+    splits["test"] = [(p, classes.index(known[i])) for p, i in splits["test"]]  # the training split's class ids
     modes, size, first = set(), None, None
     for files in splits.values():  # headers only: sizes and colour modes
         for p, _ in files:
@@ -584,15 +592,18 @@ def read_image_folder(path: Path) -> UserDataset:
                 with Image.open(p) as img:
                     mode, this = img.mode, img.size
             except (UnidentifiedImageError, OSError) as err:
-                raise DatasetError(f"{p}: not a readable image ({err})") from None
+                problems.append(f"{p}: not a readable image ({err})")
+                continue
             if mode == "F":
-                raise DatasetError(f"{p}: floating-point image (mode F); store such data as an .npz")
-            if size is None:
+                problems.append(f"{p}: floating-point image (mode F); store such data as an .npz")
+            elif size is None:
                 size, first = this, p
             elif this != size:
-                raise DatasetError(f"{p}: image is {this[0]}x{this[1]} but {first} is {size[0]}x{size[1]}: "
-                                   "every image must have the same size (resize them first)")
+                problems.append(f"{p}: image is {this[0]}x{this[1]} but {first} is {size[0]}x{size[1]}: "
+                                "every image must have the same size (resize them first)")
             modes.add(mode)
+    if problems:
+        raise _report(problems, path)
     grey = modes <= set(GREY_MODES)
     wide = grey and bool(modes & set(SIXTEEN_BIT))  # 16-bit greyscale: keep 16 bits (8-bit images x 257)
     arrays = {}

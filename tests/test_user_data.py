@@ -272,3 +272,17 @@ def test_user_npz_and_image_folder_end_to_end_in_a_two_party_simulation(user_npz
         assert mix["parties-used"] == 2 and local["parties-used"] == 2
         assert mix["accuracy"] > 2 / classes and local["accuracy"] > 2 / classes  # well above chance
         assert mix["union-size"] == results["dataset"]["train"]  # every training image, encoded once
+
+
+def test_a_folder_with_three_problems_reports_all_three(tmp_path, mnist_slice):
+    """One report for everything wrong, not the first problem alone (fix, rerun, find the next, ...)."""
+    x, y, xt, yt = mnist_slice
+    keep, keep_t = y < 3, yt < 3
+    root = tmp_path / "scans"
+    write_folder(root, {"train": (x[keep][:30], y[keep][:30]), "test": (xt[keep_t][:9], yt[keep_t][:9])})
+    spoiled = [_spoil(root, case) for case in ("a stray file", "a non-image file", "images of different sizes")]
+    with pytest.raises(DatasetError) as err:
+        datalib.describe_dataset(load_settings({"dataset": str(root)}))
+    report = str(err.value)
+    assert all(f"{culprit}: " in report and message in report for culprit, message in spoiled), report
+    assert report.endswith(f"(3 problems in {root})")
