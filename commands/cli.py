@@ -58,12 +58,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_poor_party(settings.partitioner, settings.poor_party, parties)  # a party the federation lacks
     latest = Path(overrides["runs-dir"]) / "latest"
     before = latest.resolve() if latest.exists() else None
+
+    def this_run() -> Path | None:  # the run directory this run made (runs/latest moved), if it got that far
+        return latest.resolve() if latest.exists() and latest.resolve() != before else None
+
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the run as Ctrl-C does
     try:
         result = flwr_run(overrides, parties, flower_part(federation), environment=federation_environment(federation),
                           verbose=args.verbose)
     except KeyboardInterrupt:  # flwr_run has stopped the SuperLink, the simulation and Ray by now
-        run_dir = latest.resolve() if latest.exists() and latest.resolve() != before else None
+        run_dir = this_run()
         if run_dir is not None:
             Progress(run_dir / PROGRESS_FILE, echo=False).emit("run-interrupted", reason="stopped by a signal")
         print("\nfedsmix: interrupted; stopped the SuperLink, the simulation and Ray"
@@ -71,8 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if latest.exists() and latest.resolve() != before:  # the whole stream, the lines hidden from the console too
-        (latest / "flwr-run.log").write_text(result.output)
+    if (run_dir := this_run()) is not None:  # the whole stream, the lines hidden from the console too
+        (run_dir / "flwr-run.log").write_text(result.output)
     if result.ok:
         print(f"\nrun {result.run_id}: {result.status}; results in {latest.resolve()}/results.json (runs/latest)")
         return 0

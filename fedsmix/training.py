@@ -328,6 +328,7 @@ def state_digest(model: nn.Module) -> str:
 
 
 SKETCH_SIZE = 16
+SKETCH_BLOCK = 1 << 16  # values projected at a time (SKETCH_SIZE x 64k float64 = 8 MiB of directions)
 
 
 def sketch(arrays) -> list[float]:
@@ -339,14 +340,16 @@ def sketch(arrays) -> list[float]:
     rng = np.random.default_rng(0)
     out = np.zeros(SKETCH_SIZE)
     for array in arrays:
-        flat = np.asarray(array, dtype=np.float64).reshape(-1)
-        out += rng.standard_normal((SKETCH_SIZE, flat.size)) @ flat
+        flat = np.asarray(array).reshape(-1)
+        for start in range(0, flat.size, SKETCH_BLOCK):  # bounded memory: the directions drawn a block at a time
+            block = flat[start:start + SKETCH_BLOCK].astype(np.float64)
+            out += block @ rng.standard_normal((block.size, SKETCH_SIZE))
     return (out / np.sqrt(SKETCH_SIZE)).tolist()
 
 
 def state_sketch(model: nn.Module) -> list[float]:
     """`sketch` of the state dict's tensors, in order: the weights' fingerprint beside `state_digest`."""
-    return sketch(t.detach().cpu().double().numpy() for t in model.state_dict().values())
+    return sketch(t.detach().cpu().numpy() for t in model.state_dict().values())
 
 
 def _atomic_save(obj, path: Path) -> None:
