@@ -15,7 +15,8 @@ import math
 import time
 from pathlib import Path
 
-from fedsmix.config import ATTACKS, PROJECT_ROOT, SettingsError, load_settings
+from fedsmix.config import PROJECT_ROOT, SettingsError, load_settings
+from fedsmix.registry import ATTACKS
 
 
 def parse_taus(text: str) -> list[float]:
@@ -53,7 +54,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     for name in attacks:
         if name not in ATTACKS:
-            raise SettingsError(f"--attacks: unknown attack {name!r}; allowed: {', '.join(ATTACKS)}")
+            raise SettingsError(f"--attacks: {ATTACKS.unknown(name)}")
     taus = parse_taus(args.taus)
     if args.parties < 0:
         raise SettingsError(f"--parties: expected >= 0, got {args.parties}")
@@ -131,7 +132,7 @@ def register(subparsers) -> None:
         help="P > 0: attack the P parties' own partitions (partitioner, seed), N / P victims each",
     )
     p.add_argument("--taus", default="1,1e-1,...,1e-6")
-    p.add_argument("--attacks", default="linear,mmse,unet", help=f"comma-separated, from {', '.join(ATTACKS[:3])}")
+    p.add_argument("--attacks", default="linear,mmse,unet", help="comma-separated names of registered attacks")
     p.add_argument(
         "--backbone",
         default=None,

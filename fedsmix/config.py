@@ -15,16 +15,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .registry import ATTACKS, DEFENCES, STRATEGIES, TRAINERS, load_plugins
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-STRATEGIES = ("mixup-union", "local-only", "fedavg", "fedprox", "centralized")
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-imagenet")
 ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none", "mixcon")
 INSTAHIDE = ("instahide-inside", "instahide-cross")  # the sign-masked encoders
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
-TRAINERS = ("auto", "mlp", "mlp-recal", "ridge", "ridge-eiv", "lda", "lda-public")
-ATTACKS = ("linear", "mmse", "unet", "abs-solve", "averaging", "gradient", "gradient-realistic", "inversion",
-           "inversion-decoder")
 # fault injection (fedsmix/faults.py): a party raises or stalls, the server's central training is
 # interrupted after an epoch, a party sends one kind of malformed upload (the server's validation
 # rejects it), or a well-formed but dishonest one (what plausibility checks, robust training
@@ -90,6 +88,8 @@ class Settings(BaseModel):
     # experiment
     preset: str = ""
     run_name: str = ""
+    # extensions: modules imported (server and parties) before any name below is checked (fedsmix/registry.py)
+    plugins: tuple[str, ...] = ()
     strategies: tuple[str, ...] = ("mixup-union", "local-only")
     seed: int = 0
     # data
@@ -143,7 +143,7 @@ class Settings(BaseModel):
     resume: str = Field("", description="run directory to resume ('latest' = runs-dir/latest)")
     eval_every: int = Field(0, ge=0, description="epochs between test evaluations of the central model; 0 = at the end")
     # the central trainer of mixup-union (fedsmix/trainers.py) and its honest selection
-    trainer: Literal[TRAINERS] = "auto"  # type: ignore[valid-type]
+    trainer: str = Field("auto", description="a registered trainer family (fedsmix/trainers), or 'auto': every one")
     head_penalties: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # gamma of the closed-form heads
     validation_fraction: float = Field(0.1, ge=0, lt=1, description="upload rows per party held out for selection")
     return_model: bool = Field(True, description="send the model back; each party recalibrates it on its own data")
@@ -154,6 +154,8 @@ class Settings(BaseModel):
     fraction_train: float = Field(1.0, gt=0, le=1)
     client_lr: float = Field(0.05, gt=0)
     # defences in local training (FedAvg/FedProx parties only; docs/defences.md)
+    defences: tuple[str, ...] = Field((), description="registered defences without keys of their own, by name (the "
+                                                      "built-in ones below are on when their keys say so)")
     prune_ratio: float = Field(
         0.0, ge=0, lt=1, description="fraction of each trainable tensor's round update zeroed (smallest |change|)"
     )
@@ -230,7 +232,7 @@ class Settings(BaseModel):
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
-    @field_validator("strategies", "adversary", mode="before")
+    @field_validator("plugins", "strategies", "adversary", "defences", mode="before")
     @classmethod
     def _split_csv(cls, value: Any) -> tuple[str, ...]:
         return _csv(value)
@@ -253,15 +255,28 @@ class Settings(BaseModel):
             raise ValueError(f"give one or more penalties > 0, got {value!r}")
         return values
 
+    @field_validator("plugins")
+    @classmethod
+    def _plugins_load(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        load_plugins(value)  # their entries are registered before the names that follow are checked
+        return value
+
     @field_validator("strategies")
     @classmethod
     def _known_strategies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if name not in STRATEGIES:
-                raise ValueError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}")
         if not value:
             raise ValueError(f"give at least one strategy; allowed: {', '.join(STRATEGIES)}")
-        return value
+        return tuple(STRATEGIES.check(name) for name in value)
+
+    @field_validator("trainer")
+    @classmethod
+    def _known_trainer(cls, value: str) -> str:
+        return TRAINERS.check(value)
+
+    @field_validator("defences")
+    @classmethod
+    def _known_defences(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(DEFENCES.check(name) for name in value)
 
     @field_validator("fault")
     @classmethod
@@ -272,10 +287,7 @@ class Settings(BaseModel):
     @field_validator("adversary")
     @classmethod
     def _known_attacks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if name not in ATTACKS:
-                raise ValueError(f"unknown attack {name!r}; allowed: {', '.join(ATTACKS)}")
-        return value
+        return tuple(ATTACKS.check(name) for name in value)
 
     @model_validator(mode="after")
     def _statistics_of_a_path_dataset(self) -> Settings:

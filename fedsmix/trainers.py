@@ -53,6 +53,7 @@ from .config import Settings
 from .data import DatasetUnavailable
 from .models import new_classifier
 from .progress import SILENT, Progress
+from .registry import TRAINERS
 from .seeding import generator
 from .space import public_in_space
 from .training import TrainConfig, TrainReport, evaluate, predict, train, train_config
@@ -559,3 +560,7 @@ def train_union(
         chosen = names[0]
     final = fit(settings, union, sample_shape, num_classes, device, [chosen], public, **train_options)
     return Selection(chosen, final.models[chosen], validation, len(held), final.reports.get(chosen, {}))
+
+
+for _family, _names in FAMILIES.items():
+    TRAINERS.add(_family, _names)

@@ -14,11 +14,11 @@ from fedsmix.data import describe_dataset
 from fedsmix.device import select_device
 from fedsmix.progress import FILE as PROGRESS_FILE
 from fedsmix.progress import Progress
+from fedsmix.registry import STRATEGIES
 from fedsmix.runs import new_run_dir
 from server import results as results_io
 from server import resume
 from server.context import RunAborted, RunContext
-from strategies import REGISTRY
 
 
 def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
@@ -58,7 +58,7 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
                                   "parties": len(list(grid.get_node_ids())) or None})
     progress.emit("dataset", **dataset)
     try:
-        if any(name != "centralized" for name in pending):
+        if any(STRATEGIES[name].parties for name in pending):
             with progress.watch():
                 ctx.introduce()
     except RunAborted as err:  # too few nodes connected, or none could start: every strategy would fail the same way
@@ -72,8 +72,8 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
         ctx.progress.emit("strategy-start", index=index, total=len(pending))
         try:
             with ctx.progress.watch():
-                results["strategies"][name] = REGISTRY[name](ctx)
-                if name == "mixup-union" and settings.adversary:
+                results["strategies"][name] = STRATEGIES[name].run(ctx)
+                if STRATEGIES[name].uploads and settings.adversary:
                     results["strategies"][name]["adversary"] = attack_run(ctx, results["strategies"][name])
             ctx.progress.emit("strategy-end", accuracy=results["strategies"][name].get("accuracy"),
                               seconds=round(time.perf_counter() - started, 3))
@@ -100,7 +100,7 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
 
 
 def attack_run(ctx: RunContext, result: dict) -> dict:
-    """The honest-but-curious server attacks the uploads mixup-union stored (simulation only: the
+    """The honest-but-curious server attacks the uploads a strategy stored (simulation only: the
     oracle replays each party's encoding for the ground truth)."""
     from server.adversary.runner import attack_uploads
     from server.store import UploadStore

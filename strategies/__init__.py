@@ -1,17 +1,14 @@
-"""Protocols, one file each. Every `run(ctx)` returns a JSON-able dict of results."""
+"""Protocols, one file each, and the one list of them: `run(ctx)` returns a JSON-able dict of results."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from server.context import RunContext
+from fedsmix.registry import STRATEGIES
 
 from . import centralized, fedprox, local_only, mixup_union
+from .common import Protocol
 
-REGISTRY: dict[str, Callable[[RunContext], dict]] = {
-    "mixup-union": mixup_union.run,
-    "local-only": local_only.run,
-    "fedavg": fedprox.run_fedavg,
-    "fedprox": fedprox.run,
-    "centralized": centralized.run,
-}
+STRATEGIES.add("mixup-union", Protocol(mixup_union.run, uploads=True))
+STRATEGIES.add("local-only", Protocol(local_only.run))
+STRATEGIES.add("fedavg", Protocol(fedprox.run_fedavg))
+STRATEGIES.add("fedprox", Protocol(fedprox.run))
+STRATEGIES.add("centralized", Protocol(centralized.run, parties=False))

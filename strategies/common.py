@@ -1,9 +1,10 @@
-"""Small helpers the strategies share: message building and the dropped-party report."""
+"""What the strategies share: the registry entry's shape, message building and the dropped-party report."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from flwr.app import ConfigRecord, Message
@@ -11,6 +12,16 @@ from flwr.app import ConfigRecord, Message
 from fedsmix.trainers import test_accuracy
 from fedsmix.training import state_digest, state_sketch
 from server.context import RunAborted, RunContext
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A registry entry (`STRATEGIES.add(name, Protocol(run, ...))`): `run(ctx)` drives the parties over
+    `ctx.grid` and returns a JSON-able dict of results (its `accuracy` on the test split, its cost)."""
+
+    run: Callable[[RunContext], dict]
+    uploads: bool = False  # parties upload an encoding once: the server's adversary attacks what it stores
+    parties: bool = True  # talks to parties (False: the pooled bound, which trains without them)
 
 
 def settings_config(ctx: RunContext, **extra) -> ConfigRecord:

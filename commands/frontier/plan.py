@@ -31,7 +31,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fedsmix.config import ATTACKS, Settings, SettingsError, resolve_preset
+from fedsmix.config import Settings, SettingsError, resolve_preset
+from fedsmix.registry import ATTACKS, STRATEGIES
 
 ROW_FORMS = (
     "local-only, fedavg, fedprox, mixup-k<K>, instahide-inside-k<K>, instahide-cross-k<K>, singularized-tau<TAU>, "
@@ -70,7 +71,7 @@ class Row:
     @property
     def target(self) -> str:
         """What the attacks registry is keyed by: the encoder for uploads, else the strategy."""
-        return self.overrides.get("encoder", "singularized") if self.strategy == "mixup-union" else self.strategy
+        return self.overrides.get("encoder", "singularized") if STRATEGIES[self.strategy].uploads else self.strategy
 
     @property
     def defended(self) -> bool:
@@ -225,10 +226,7 @@ class FrontierPlan(BaseModel):
     @field_validator("attacks")
     @classmethod
     def _known_attacks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [name for name in value if name not in ATTACKS]
-        if unknown:
-            raise ValueError(f"unknown attack(s) {unknown}; allowed: {', '.join(ATTACKS)}")
-        return value
+        return tuple(ATTACKS.check(name) for name in value)
 
     @field_validator("rows")
     @classmethod

@@ -28,6 +28,7 @@ from fedsmix.config import INSTAHIDE, Settings, SettingsError, load_settings
 from fedsmix.metrics import snr_db
 from fedsmix.models import load_split_model
 from fedsmix.party import Partition, encode_partition, load_partition
+from fedsmix.registry import STRATEGIES
 from fedsmix.runs import atomic_write_json, new_run_dir
 from server.adversary.analysis import Outcome, attack_cases, leakage
 from server.adversary.cases import Case, public_samples, threat_model, update_case, upload_case
@@ -114,7 +115,7 @@ def row_cases(row: Row, settings: Settings, run: dict, vict: Victims, prior: tor
     """What the server saw from the victim party in this row, as attackable cases."""
     if row.strategy in ("fedavg", "fedprox"):
         return gradient_cases(row, settings, run, vict, plan, plan.gradient_batch_size)
-    if row.strategy != "mixup-union":
+    if not STRATEGIES[row.strategy].uploads:
         return []  # local-only: nothing a party sends is attacked
     if encodings_per_sample is not None:
         settings = settings.replace(encodings_per_sample=encodings_per_sample)
@@ -209,7 +210,7 @@ def reencoding(rows: list[Row], row_settings: list[Settings], runs: list[dict], 
     """The averaging attack against T encodings of each private sample (InstaHide re-encodes every epoch)."""
     out = []
     for row, settings, run in zip(rows, row_settings, runs):
-        if row.strategy != "mixup-union" or row.target == "mixcon":  # h(x) is the same at every re-encoding
+        if not STRATEGIES[row.strategy].uploads or row.target == "mixcon":  # h(x) is the same at every re-encoding
             continue
         vict, prior = where[row.space].vict, where[row.space].prior
         to_unit = to_unit_for(settings, vict)
@@ -224,7 +225,7 @@ def reencoding(rows: list[Row], row_settings: list[Settings], runs: list[dict], 
 
 def privacy_parameters(row: Row, settings: Settings, result: dict) -> dict:
     """Each defence's own privacy parameter in its own column (different units: never one axis)."""
-    upload = row.strategy == "mixup-union"
+    upload = STRATEGIES[row.strategy].uploads
     mixcon = upload and settings.encoder == "mixcon"
     lam, beta = settings.mixcon_lambda, settings.mixcon_beta
     return {

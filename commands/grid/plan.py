@@ -20,6 +20,7 @@ import yaml
 
 from fedsmix.config import KEYS, SettingsError, load_settings, resolve_preset
 from fedsmix.partition import check_poor_party
+from fedsmix.registry import STRATEGIES
 
 ENCODING_KEYS = frozenset(
     {
@@ -47,9 +48,9 @@ PLOTS = ("parties", "snr-bound")
 def depends_on(strategy: str, key: str) -> bool:
     """Whether a strategy's result can change along an axis (conservative: unknown keys count)."""
     if key == "parties" or key in PARTITION_KEYS:
-        return strategy != "centralized"
+        return STRATEGIES[strategy].parties
     if key in ENCODING_KEYS:
-        return strategy == "mixup-union"
+        return STRATEGIES[strategy].uploads
     if key in FEDERATED_KEYS:
         return strategy in ("fedavg", "fedprox")
     return True

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsmix.config import load_settings
+from fedsmix.registry import STRATEGIES
 from fedsmix.runs import atomic_write_json
 
 from . import report
@@ -82,7 +83,7 @@ def summarize(name: str, res: dict) -> dict[str, Any]:
     if name == "local-only":
         row["party0-accuracy"] = res.get("party0-accuracy")
         row["mean-party-accuracy"] = res.get("mean-party-accuracy")
-    if name == "mixup-union" and res.get("parties"):
+    if STRATEGIES[name].uploads and res.get("parties"):
         parties = list(res["parties"].values())
 
         def column(key: str) -> list[float]:

@@ -1,8 +1,8 @@
 """The one attack factory: name -> attack, what it applies to, what it needs.
 
 Every consumer (the in-run adversary, the tau sweep, the frontier, `fedsmix mixcon` and `fedsmix invert`)
-builds attacks here, so a new
-attack is one class in its own file plus one entry in REGISTRY. Uploads are attacked by encoder,
+builds attacks here, so a new attack is one class in its own file plus one `ATTACKS.add` line below (the settings
+accept exactly the registered names: fedsmix/registry.py). Uploads are attacked by encoder,
 federated updates by strategy (`targets`). Each attack's threat model is its class's
 `threat_model` line.
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedsmix.config import Settings
+from fedsmix.registry import ATTACKS
 from fedsmix.seeding import generator
 
 from .base import Attack
@@ -119,25 +120,21 @@ UPLOADS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none
 # model inversion's targets: MixCon's cut-layer uploads, and uploads of a pretrained backbone's features
 # (commands/invert.py maps them back to pixels, after the linear/MMSE attacks estimated mixed ones)
 REPRESENTATIONS = ("mixcon", "backbone-features")
-REGISTRY: dict[str, AttackSpec] = {
-    spec.name: spec
-    for spec in (
-        AttackSpec("linear", ("singularized", "mixup"), _linear),
-        AttackSpec("mmse", ("singularized",), _mmse, needs_public=True),
-        AttackSpec("unet", ("singularized",), _unet, needs_public=True, needs_image=True),
-        AttackSpec("abs-solve", UPLOADS, _abs_solve),
-        AttackSpec("averaging", UPLOADS[:-1], _averaging),
-        AttackSpec("gradient", ("fedavg", "fedprox"), _gradient),
-        AttackSpec("gradient-realistic", ("fedavg", "fedprox"), _gradient_realistic),
-        AttackSpec("inversion", REPRESENTATIONS, _inversion, needs_image=True),
-        AttackSpec("inversion-decoder", REPRESENTATIONS, _inversion_decoder, needs_public=True, needs_image=True),
-    )
-}
+ATTACKS.add("linear", AttackSpec("linear", ("singularized", "mixup"), _linear))
+ATTACKS.add("mmse", AttackSpec("mmse", ("singularized",), _mmse, needs_public=True))
+ATTACKS.add("unet", AttackSpec("unet", ("singularized",), _unet, needs_public=True, needs_image=True))
+ATTACKS.add("abs-solve", AttackSpec("abs-solve", UPLOADS, _abs_solve))
+ATTACKS.add("averaging", AttackSpec("averaging", UPLOADS[:-1], _averaging))
+ATTACKS.add("gradient", AttackSpec("gradient", ("fedavg", "fedprox"), _gradient))
+ATTACKS.add("gradient-realistic", AttackSpec("gradient-realistic", ("fedavg", "fedprox"), _gradient_realistic))
+ATTACKS.add("inversion", AttackSpec("inversion", REPRESENTATIONS, _inversion, needs_image=True))
+ATTACKS.add("inversion-decoder", AttackSpec("inversion-decoder", REPRESENTATIONS, _inversion_decoder,
+                                            needs_public=True, needs_image=True))
 
 
 def applicable(target: str) -> tuple[str, ...]:
     """The attacks that apply to an encoder's uploads or a strategy's updates (local-only: none)."""
-    return tuple(name for name, spec in REGISTRY.items() if target in spec.targets)
+    return tuple(name for name, spec in ATTACKS.items() if target in spec.targets)
 
 
 def build_attack(name: str, settings: Settings, *, public: torch.Tensor | None = None,
@@ -145,9 +142,9 @@ def build_attack(name: str, settings: Settings, *, public: torch.Tensor | None =
     """One attack from the run settings; `options` reach its builder (device, mmse_rank, gradient_*)."""
     from .linear import is_image
 
-    spec = REGISTRY.get(name)
-    if spec is None:
-        raise NotApplicable(f"unknown attack {name!r}; allowed: {', '.join(REGISTRY)}")
+    if name not in ATTACKS:
+        raise NotApplicable(str(ATTACKS.unknown(name)))
+    spec = ATTACKS[name]
     if spec.needs_public and public is None:
         raise NotApplicable("needs public data in the mixing space")
     shape = tuple(sample_shape) or (tuple(public.shape[1:]) if public is not None else ())

@@ -1,0 +1,1 @@
+"""The defences inside federated training, one home (registered in fedsmix.registry.DEFENCES)."""
