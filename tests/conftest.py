@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 PROJECT = Path(__file__).resolve().parent.parent
 SHARED_DATA = PROJECT.parent / "shared" / "data"
+TOYS = Path(__file__).resolve().parent / "toys"  # plugin modules of toy extensions (`plugins` setting)
+
+# importable here and in every process a run starts (Ray's workers, a SuperNode): plugins load on both sides
+sys.path.insert(0, str(TOYS))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOYS), os.environ.get("PYTHONPATH", "")]))
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
