@@ -14,6 +14,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
 
+from fedsmix import messages as wire
 from fedsmix.config import Settings
 from fedsmix.device import select_device
 from fedsmix.faults import maybe_fail
@@ -38,7 +39,7 @@ def dp_clipping_mod(msg: Message, context: Context, call_next: ClientAppCallable
 
 def _settings(msg: Message, context: Context) -> tuple[Settings, int, int]:
     """Settings come from the server (one place reads the run config); the data dir may be the node's own."""
-    settings = Settings.from_json(str(msg.content["config"]["settings"]))
+    settings = Settings.from_json(str(msg.content[wire.CONFIG][wire.SETTINGS]))
     node = context.node_config
     if node.get("data-dir"):
         settings = settings.replace(data_dir=str(node["data-dir"]))
@@ -47,7 +48,7 @@ def _settings(msg: Message, context: Context) -> tuple[Settings, int, int]:
 
 def _reply(msg: Message, metrics: dict, **records) -> Message:
     numbers = MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float)})
-    return Message(RecordDict({**records, "metrics": numbers}), reply_to=msg)
+    return Message(RecordDict({**records, wire.METRICS: numbers}), reply_to=msg)
 
 
 def ray_node() -> dict[str, str]:
@@ -59,55 +60,56 @@ def ray_node() -> dict[str, str]:
     return {}
 
 
-@app.query("hello")
+@app.query(wire.HELLO)
 def hello(msg: Message, context: Context) -> Message:
     """Say which party this node is (and, under Ray, on which Ray node it runs); load the partition and warm up
     training now (a cold start happens here, within start-timeout, not in a phase timed by reply-timeout)."""
     settings, party, num_parties = _settings(msg, context)
     part = load_partition(settings, party, num_parties)
     warm_up()
-    where = {"node": ConfigRecord(node)} if (node := ray_node()) else {}
-    return _reply(msg, {"party": party, "num-examples": len(part.labels)}, **where)
+    where = {wire.NODE: ConfigRecord(node)} if (node := ray_node()) else {}
+    return _reply(msg, {wire.PARTY: party, "num-examples": len(part.labels)}, **where)
 
 
-@app.query("encode")
+@app.query(wire.ENCODE)
 def encode(msg: Message, context: Context) -> Message:
     settings, party, num_parties = _settings(msg, context)
     maybe_fail(settings.fault, party, "encode", settings.reply_timeout)
-    stored = str(msg.content["config"].get("stored-parties", ""))
+    stored = str(msg.content[wire.CONFIG].get(wire.STORED_PARTIES, ""))
     if str(party) in stored.split(","):  # a resumed run holds this party's upload already
-        return _reply(msg, {"party": party, "stored": 1})
-    shipped = msg.content.get("arrays")  # encoder=mixcon: the cut-layer weights h the server trained
+        return _reply(msg, {wire.PARTY: party, wire.STORED: 1})
+    shipped = msg.content.get(wire.ARRAYS)  # encoder=mixcon: the cut-layer weights h the server trained
     encoder_state = shipped.to_torch_state_dict() if isinstance(shipped, ArrayRecord) else None
     upload = prepare_upload(settings, party, num_parties, encoder_state=encoder_state)
     arrays = ArrayRecord({key: Array(value) for key, value in upload.arrays.items()})
-    return _reply(msg, upload.metrics, upload=arrays)
+    return _reply(msg, upload.metrics, **{wire.UPLOAD: arrays})
 
 
-@app.query("validate")
+@app.query(wire.VALIDATE)
 def validate(msg: Message, context: Context) -> Message:
     """Selection of the central trainer: score each candidate on the clean samples that the server's
     held-out rows of this party's upload encode; only counts go back."""
     settings, party, num_parties = _settings(msg, context)
-    names = str(msg.content["config"]["candidates"]).split(",")
-    states = {name: msg.content[f"candidate-{i}"].to_torch_state_dict() for i, name in enumerate(names)}
-    rows = msg.content["rows"]["rows"].numpy()
+    names = str(msg.content[wire.CONFIG][wire.CANDIDATES]).split(",")
+    states = {name: msg.content[wire.candidate(i)].to_torch_state_dict() for i, name in enumerate(names)}
+    rows = msg.content[wire.ROWS][wire.ROWS].numpy()
     scores = score_candidates(settings, load_partition(settings, party, num_parties), rows, states)
-    metrics = {"party": party}
+    metrics = {wire.PARTY: party}
     for i, name in enumerate(names):
         metrics[f"{i}-correct"], metrics[f"{i}-n"] = scores[name]["correct"], scores[name]["n"]
     return _reply(msg, metrics)
 
 
-@app.query("personalize")
+@app.query(wire.PERSONALIZE)
 def personalize_model(msg: Message, context: Context) -> Message:
     """The central model comes back: recalibrate it on this party's own data. The accuracy reported is a
     simulation measurement (the party's model on the server's test split), not something a party has."""
     settings, party, num_parties = _settings(msg, context)
     device = select_device(settings.device)
-    model = personalize(settings, load_partition(settings, party, num_parties), str(msg.content["config"]["trainer"]),
-                        msg.content["arrays"].to_torch_state_dict(), device)
-    return _reply(msg, {"party": party, "accuracy": test_accuracy(model, load_test(settings), device)["accuracy"]})
+    chosen = str(msg.content[wire.CONFIG][wire.TRAINER])
+    model = personalize(settings, load_partition(settings, party, num_parties), chosen,
+                        msg.content[wire.ARRAYS].to_torch_state_dict(), device)
+    return _reply(msg, {wire.PARTY: party, "accuracy": test_accuracy(model, load_test(settings), device)["accuracy"]})
 
 
 @app.train(mods=[dp_clipping_mod])

@@ -11,6 +11,7 @@ from pathlib import Path
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from fedsmix import messages as wire
 from fedsmix.config import Settings
 from fedsmix.progress import SILENT, Progress
 from fedsmix.space import load_test
@@ -79,9 +80,9 @@ class RunContext:
         setting no party can run with, e.g. a hand-run `flwr run` whose run config the CLI never checked),
         every strategy would fail the same way: RunAborted, naming why.
         """
-        config = ConfigRecord({"settings": self.settings.to_json()})
+        config = ConfigRecord({wire.SETTINGS: self.settings.to_json()})
         messages = [
-            Message(RecordDict({"config": config}), dst_node_id=node, message_type="query.hello")
+            Message(RecordDict({wire.CONFIG: config}), dst_node_id=node, message_type=wire.query(wire.HELLO))
             for node in self.nodes()
         ]
         self._hello = set(self.grid.push_messages(messages))  # not booked as any strategy's traffic
@@ -103,9 +104,9 @@ class RunContext:
                 self._hello.discard(reply.metadata.reply_to_message_id)
                 if reply.has_error():
                     self._hello_errors[reply.metadata.src_node_id] = str(reply.error.reason)
-                elif "metrics" in reply.content:
-                    self.node_party[reply.metadata.src_node_id] = int(reply.content["metrics"]["party"])
-                    where = reply.content.get("node")
+                elif wire.METRICS in reply.content:
+                    self.node_party[reply.metadata.src_node_id] = int(reply.content[wire.METRICS][wire.PARTY])
+                    where = reply.content.get(wire.NODE)
                     if where is not None and "ray-node-id" in where:
                         self.node_ray[reply.metadata.src_node_id] = str(where["ray-node-id"])
             if len(self.node_party) != reported:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
+from fedsmix import messages as wire
+
 ALLOWED_DTYPES = (np.float32, np.float16)
 REQUIRED_METRICS = ("party", "num-examples")
 
@@ -42,12 +44,12 @@ def validate_upload(content: RecordDict, who: str, expect: Expectation, seen_par
 
     `who` names the sender (node id) until the upload proves its party id.
     """
-    upload = content.get("upload")
+    upload = content.get(wire.UPLOAD)
     if not isinstance(upload, ArrayRecord):
-        raise UploadRejected(who, "upload", "missing ArrayRecord 'upload'")
-    metrics = content.get("metrics")
+        raise UploadRejected(who, wire.UPLOAD, f"missing ArrayRecord {wire.UPLOAD!r}")
+    metrics = content.get(wire.METRICS)
     if not isinstance(metrics, MetricRecord):
-        raise UploadRejected(who, "metrics", "missing MetricRecord 'metrics'")
+        raise UploadRejected(who, wire.METRICS, f"missing MetricRecord {wire.METRICS!r}")
     for key in REQUIRED_METRICS:
         if key not in metrics:
             raise UploadRejected(who, f"metrics.{key}", "missing")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from flwr.app import ConfigRecord, Message
 
+from fedsmix import messages as wire
 from fedsmix.trainers import test_accuracy
 from fedsmix.training import state_digest, state_sketch
 from server.context import RunAborted, RunContext
@@ -25,7 +26,7 @@ class Protocol:
 
 
 def settings_config(ctx: RunContext, **extra) -> ConfigRecord:
-    return ConfigRecord({"settings": ctx.settings.to_json(), **extra})
+    return ConfigRecord({wire.SETTINGS: ctx.settings.to_json(), **extra})
 
 
 def epoch_hook(
@@ -65,7 +66,7 @@ def split_replies(
             dropped.append(dropped_record(ctx, node, reply.error.reason))
             ctx.progress.emit("dropped", **dropped[-1])
         else:
-            ctx.node_party[node] = int(reply.content["metrics"]["party"])
+            ctx.node_party[node] = int(reply.content[wire.METRICS][wire.PARTY])
             ok.append(reply)
     return ok, dropped + unanswered(ctx, expected_nodes, answered)
 

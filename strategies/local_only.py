@@ -7,6 +7,7 @@ import time
 from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 
 from fedsmix import data as datalib
+from fedsmix import messages as wire
 from fedsmix.models import new_classifier
 from fedsmix.space import mixing_shape
 from fedsmix.trainers import test_accuracy
@@ -20,9 +21,10 @@ def run(ctx: RunContext) -> dict:
     num_classes = datalib.dataset_spec(s).num_classes
     model = new_classifier(s, mixing_shape(s), num_classes)
     initial = ArrayRecord(model.state_dict())
-    config = settings_config(ctx, mode="local-only")
+    config = settings_config(ctx, **{wire.MODE: "local-only"})
     messages = [
-        Message(RecordDict({"arrays": initial, "config": config}), dst_node_id=node, message_type=MessageType.TRAIN)
+        Message(RecordDict({wire.ARRAYS: initial, wire.CONFIG: config}), dst_node_id=node,
+                message_type=MessageType.TRAIN)
         for node in nodes
     ]
     accuracy, on_cuda, replies = {}, 0, []
@@ -30,12 +32,13 @@ def run(ctx: RunContext) -> dict:
         replies.append(reply)
         if reply.has_error():
             continue  # reported with the dropped parties below
-        party = int(reply.content["metrics"]["party"])
-        on_cuda += int(reply.content["metrics"].get("on-cuda", 0))
-        model.load_state_dict(reply.content["arrays"].to_torch_state_dict())
+        metrics = reply.content[wire.METRICS]
+        party = int(metrics[wire.PARTY])
+        on_cuda += int(metrics.get("on-cuda", 0))
+        model.load_state_dict(reply.content[wire.ARRAYS].to_torch_state_dict())
         accuracy[party] = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]
         ctx.progress.emit("party", party=party, done=len(accuracy), of=len(nodes), accuracy=accuracy[party],
-                          **{"train-seconds": reply.content["metrics"].get("train-seconds")})
+                          **{"train-seconds": metrics.get("train-seconds")})
     _, dropped = split_replies(ctx, replies, nodes)
     require_parties(ctx, len(accuracy), "local-only", dropped=dropped)
     values = list(accuracy.values())

@@ -22,6 +22,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 from fedsmix import data as datalib
+from fedsmix import messages as wire
 from fedsmix.faults import interrupt_after
 from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
 from fedsmix.runs import atomic_write_bytes
@@ -82,9 +83,9 @@ def collect_uploads(
             dropped.append(dropped_record(ctx, node, reply.error.reason))
             ctx.progress.emit("dropped", **dropped[-1])
             continue
-        metrics = reply.content.get("metrics")
-        if metrics is not None and "stored" in metrics and "upload" not in reply.content:
-            party = int(metrics["party"])
+        metrics = reply.content.get(wire.METRICS)
+        if metrics is not None and wire.STORED in metrics and wire.UPLOAD not in reply.content:
+            party = int(metrics[wire.PARTY])
             if party in stored:
                 ctx.node_party[node] = party
                 parties[party] = {
@@ -182,14 +183,14 @@ def run(ctx: RunContext) -> dict:
     nodes = ctx.nodes()
     store, discarded = reopen_store(ctx)
     config = settings_config(
-        ctx, **({"stored-parties": ",".join(map(str, store.parties()))} if store.parties() else {})
+        ctx, **({wire.STORED_PARTIES: ",".join(map(str, store.parties()))} if store.parties() else {})
     )
-    records, encoder, encoder_phase = {"config": config}, None, None
+    records, encoder, encoder_phase = {wire.CONFIG: config}, None, None
     if s.encoder == "mixcon":
         encoder, encoder_phase = cut_layer(ctx)
-        records["arrays"] = ArrayRecord(encoder.state_dict())  # h goes to every party with the encode query
+        records[wire.ARRAYS] = ArrayRecord(encoder.state_dict())  # h goes to every party with the encode query
     messages = [
-        Message(RecordDict(dict(records)), dst_node_id=node, message_type="query.encode") for node in nodes
+        Message(RecordDict(dict(records)), dst_node_id=node, message_type=wire.query(wire.ENCODE)) for node in nodes
     ]
     parties, rejected, dropped, quarantined = collect_uploads(ctx, ctx.stream_replies(messages), store, nodes)
     t_upload = time.perf_counter() - t0
@@ -274,16 +275,16 @@ def _party_nodes(ctx: RunContext, parties) -> dict[int, int]:
 def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], held: dict[int, np.ndarray]) -> dict:
     """query "validate": each party scores the candidates on the clean samples its held-out rows encode."""
     names = list(models)
-    states = {f"candidate-{i}": ArrayRecord(models[name].cpu().state_dict()) for i, name in enumerate(names)}
+    states = {wire.candidate(i): ArrayRecord(models[name].cpu().state_dict()) for i, name in enumerate(names)}
     messages = [
         Message(
             RecordDict({
-                "config": settings_config(ctx, candidates=",".join(names)),
-                "rows": ArrayRecord({"rows": Array(rows.astype(np.int64))}),
+                wire.CONFIG: settings_config(ctx, **{wire.CANDIDATES: ",".join(names)}),
+                wire.ROWS: ArrayRecord({wire.ROWS: Array(rows.astype(np.int64))}),
                 **states,
             }),
             dst_node_id=node,
-            message_type="query.validate",
+            message_type=wire.query(wire.VALIDATE),
         )
         for party, node in _party_nodes(ctx, held).items()
         for rows in [held[party]]
@@ -292,8 +293,8 @@ def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], held: dict[
     for reply in ctx.send_and_receive(messages):
         if reply.has_error():
             continue  # a party that does not answer does not vote
-        m = reply.content["metrics"]
-        scores[int(m["party"])] = {
+        m = reply.content[wire.METRICS]
+        scores[int(m[wire.PARTY])] = {
             name: {"correct": int(m[f"{i}-correct"]), "n": int(m[f"{i}-n"])} for i, name in enumerate(names)
         }
     return scores
@@ -304,15 +305,16 @@ def return_round(ctx: RunContext, selection: Selection, parties: list[int]) -> d
     Each reports the test accuracy of the model it ends up with (a simulation measurement: the party
     scores it on the server's test split)."""
     record = ArrayRecord(selection.model.cpu().state_dict())
-    config = settings_config(ctx, trainer=selection.chosen)
+    config = settings_config(ctx, **{wire.TRAINER: selection.chosen})
     messages = [
-        Message(RecordDict({"config": config, "arrays": record}), dst_node_id=node, message_type="query.personalize")
+        Message(RecordDict({wire.CONFIG: config, wire.ARRAYS: record}), dst_node_id=node,
+                message_type=wire.query(wire.PERSONALIZE))
         for node in _party_nodes(ctx, parties).values()
     ]
     accuracy = {}
     for reply in ctx.send_and_receive(messages):
         if not reply.has_error():
-            accuracy[int(reply.content["metrics"]["party"])] = float(reply.content["metrics"]["accuracy"])
+            accuracy[int(reply.content[wire.METRICS][wire.PARTY])] = float(reply.content[wire.METRICS]["accuracy"])
     summary = party_summary(accuracy)
     ctx.progress.emit("returned", parties=len(accuracy), mean=summary["mean"])
     return summary

@@ -87,3 +87,17 @@ LONGEST_FIRST = ("test_containers.py", "test_deployment.py")
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+@pytest.fixture(autouse=True, scope="module")
+def forget_toys():
+    """A toy plugin (tests/toys/, names `toy-*`) registers itself in this process for good: after each test module
+    its entries and modules go, so no other module sees them in its registries' lists."""
+    yield
+    from fedsmix import registry
+
+    for table in (registry.STRATEGIES, registry.TRAINERS, registry.ATTACKS, registry.DEFENCES):
+        for name in [name for name in table._entries if name.startswith("toy-")]:
+            table.remove(name)
+    for module in [name for name in sys.modules if name.startswith("toy_")]:
+        del sys.modules[module]
