@@ -449,7 +449,8 @@ def _validate(data: Mapping[str, Any], source: str) -> Settings:
         for e in err.errors():
             key = ".".join(str(p) for p in e["loc"]) or "settings"
             message = e["msg"].removeprefix("Value error, ")  # pydantic's wording for our own validators' errors
-            problems.append(f"{key}: {message} (got {e.get('input')!r})")
+            given = repr(e.get("input"))
+            problems.append(f"{key}: {message}" + ("" if given in message else f" (got {given})"))
         raise SettingsError(f"{source}: " + "; ".join(problems)) from None
 
 
@@ -460,7 +461,7 @@ def dataset_path(value: str) -> Path:
     absolute path is kept, so every process of a run reads the same file. Only the layout is checked
     here; the contents are checked when the data set is first loaded (fedsmix/data.py)."""
     given = Path(value).expanduser()
-    tried = [given] if given.is_absolute() else [Path.cwd() / given, PROJECT_ROOT / given]
+    tried = [given] if given.is_absolute() else list(dict.fromkeys([Path.cwd() / given, PROJECT_ROOT / given]))
     path = next((p for p in tried if p.exists()), None)
     if path is None:
         raise ValueError(

@@ -97,3 +97,12 @@ def test_a_registered_data_set_that_is_missing_is_refused_before_anything_starts
     err = capsys.readouterr().err
     assert code == 2 and "dataset: dataset 'mnist' (test) not found. Tried: " in err and "mnist.npz" in err
     assert not runs.exists()
+
+
+def test_a_bad_path_is_named_once(tmp_path, monkeypatch):
+    """A relative path tried from the project directory itself is one path, and the value is not repeated."""
+    monkeypatch.chdir(PROJECT_ROOT)
+    with pytest.raises(SettingsError) as err:
+        load_settings({"dataset": "./no-such-data"})
+    message = str(err.value)
+    assert message.count(str(PROJECT_ROOT / "no-such-data")) == 1 and message.count("'./no-such-data'") == 1
