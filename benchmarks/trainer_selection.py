@@ -1,5 +1,5 @@
 """Every central-trainer candidate on the same uploads: the parties' pooled validation accuracy (what the
-honest selection sees) beside the clean test accuracy (what it must never see). docs/utility.md.
+honest selection sees) beside the clean test accuracy (what it must never see). docs/results/utility.md.
 
     python benchmarks/trainer_selection.py --taus 1e-2,1e-3,1e-4,1e-6 --epochs 2
 

@@ -54,7 +54,7 @@ SERVERAPP_SERVICE = "superexec-serverapp"
 SUPERLINK_SERVICE = "superlink"
 PARTY_SERVICES = ("supernode", "superexec-clientapp")
 
-# What README "Deployment" runs against the containers (paths are the containers'); the smoke
+# What docs/deployment.md runs against the containers (paths are the containers'); the smoke
 # test runs the same, with the paths mapped to this machine.
 # The demo shows the deployment, not the trainers: one MLP (no selection round) and no model sent back, so each
 # party gets the hello, the encode query and one message per FedProx round (a ClientApp process each); the
@@ -170,7 +170,7 @@ def _party_of(name: str) -> int | None:
 
 def with_parties(services: dict[str, dict], parties: int) -> dict[str, dict]:
     """The deployment with `parties` parties: the last party's services cloned (or dropped) and
-    num-partitions set, exactly the edit README "Deployment" describes for adding a party."""
+    num-partitions set, exactly the edit docs/deployment.md describes for adding a party."""
     indices = party_indices(services)
     if not indices:
         raise DeploymentError("no supernode-<i> service in the compose files")
@@ -320,7 +320,7 @@ def startup_order(services: dict[str, NativeService]) -> list[str]:
 
 # ------------------------------------------------------------------------------ deployment
 def connection_toml(name: str, address: str, root_certificates: str | None) -> str:
-    """A `[superlink.<name>]` entry of $FLWR_HOME/config.toml (README "Deployment" shows the same)."""
+    """A `[superlink.<name>]` entry of $FLWR_HOME/config.toml (docs/deployment.md shows the same)."""
     trust = f'root-certificates = "{root_certificates}"' if root_certificates else "insecure = true"
     return f'[superlink.{name}]\naddress = "{address}"\n{trust}\n'
 

@@ -36,7 +36,7 @@ Across parties (`quarantine`, after every upload arrived; the first three need a
   (strongly non-IID parties), which labels-vs-inputs cannot.
 
 Thresholds were set from honest uploads (benchmarks/plausibility.py: data sets, partitions, tau and
-radius modes; its count of honest parties quarantined is in docs/robustness.md) with a wide margin.
+radius modes; its count of honest parties quarantined is in docs/results/robustness.md) with a wide margin.
 """
 
 from __future__ import annotations

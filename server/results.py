@@ -41,14 +41,14 @@ def party_problems(results: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-# What each column of the results table means, printed under it (docs/results-table.md says more).
+# What each column of the results table means, printed under it (docs/run.md says more).
 LEGEND = (
     "test acc %: the strategy's model on the test split; local-only: party 0's own model (the paper's baseline)",
     "mean / min / max %: local-only's parties, each scored with its own model",
     "used / dropped: parties that counted / that raised or did not answer in time",
     "rejected: malformed uploads; quarantined: well-formed uploads that failed a plausibility check",
     "bytes up/party: from the real messages (local-only: its model, sent only so that it can be scored)",
-    "every column: docs/results-table.md",
+    "every column: docs/run.md",
 )
 CALIBRATION_LEGEND = (
     "n: samples; D: their mean pairwise distance; c: the weight cap's constant; V_eff: the calibration variance",

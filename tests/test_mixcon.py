@@ -59,7 +59,7 @@ def test_lambda_zero_is_the_vanilla_loss_exactly(mnist):
 
 
 def test_the_parties_mixcon_training_clips_its_gradient_and_the_vanilla_split_does_not(mnist):
-    """beta / dist spikes made lambda = 10 diverge to NaN in 8 FedAvg rounds (docs/mixcon.md); `mixcon-clip`
+    """beta / dist spikes made lambda = 10 diverge to NaN in 8 FedAvg rounds (docs/results/mixcon.md); `mixcon-clip`
     bounds each step, and only where the term is on."""
     from fedsmix.training import train_config
 

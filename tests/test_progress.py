@@ -207,7 +207,7 @@ def test_the_results_table_cuts_no_cell_and_says_what_its_columns_mean():
     render(results, Console(file=printed, width=140))
     out = printed.getvalue()
     assert "…" not in out and all(value in out for value in ("67.04", "55.00", "76.67", "2,418,086"))
-    assert "local-only: party 0's own model" in out and "docs/results-table.md" in out
+    assert "local-only: party 0's own model" in out and "docs/run.md" in out
 
 
 def test_show_before_any_run_says_so(tmp_path, capsys):

@@ -7,7 +7,7 @@
 by SGD with the paper's settings (appendix C.2: weight decay 1e-4, 500 iterations) except the step size
 and zeta: the paper's lr 10 oscillates on our normalised pixels (the norm's gradient does not shrink near
 the optimum; mean SSIM 0.21 on a vanilla LeNet-5 against 0.36 at lr 1), so the default is lr 1 with a
-cosine decay (lr 0.3-3 all score within 0.02; docs/mixcon.md). The paper grid-searched zeta (1e-5 for
+cosine decay (lr 0.3-3 all score within 0.02; docs/results/mixcon.md). The paper grid-searched zeta (1e-5 for
 MNIST in its scale); here the attacker does the same without private data: given several zetas and a few
 public probe images, it inverts h(probe) at each and keeps the zeta whose reconstructions of the probe
 score best (`choose_tv`), once per h.
