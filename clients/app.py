@@ -16,9 +16,10 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from fedsmix import messages as wire
 from fedsmix.config import Settings
+from fedsmix.defences import active
 from fedsmix.device import select_device
 from fedsmix.faults import maybe_fail
-from fedsmix.party import dp_sgd_spent, load_partition, personalize, prepare_upload, score_candidates, train_local
+from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
 from fedsmix.progress import Progress
 from fedsmix.space import load_test
 from fedsmix.trainers import test_accuracy
@@ -143,7 +144,7 @@ def train(msg: Message, context: Context) -> Message:
         "train-seconds": result.report.seconds,
         "on-cuda": int(device.startswith("cuda")),
     }
-    if (spent := dp_sgd_spent(settings, result.report, server_round)) is not None:
-        metrics["dp-sgd-epsilon"] = spent
-        metrics["dp-sgd-noise-multiplier"] = result.report.dp_noise_multiplier
+    for _, defence in (active(settings) if mode == "federated" else []):  # DP-SGD: the epsilon spent
+        if defence.metrics is not None:
+            metrics.update(defence.metrics(settings, result.report, server_round))
     return _reply(msg, metrics, arrays=ArrayRecord(result.model.cpu().state_dict()))

@@ -153,7 +153,7 @@ class Settings(BaseModel):
     proximal_mu: float = Field(0.01, ge=0)
     fraction_train: float = Field(1.0, gt=0, le=1)
     client_lr: float = Field(0.05, gt=0)
-    # defences in local training (FedAvg/FedProx parties only; docs/defences.md)
+    # defences inside federated training (fedsmix/defences.py; docs/defences.md)
     defences: tuple[str, ...] = Field((), description="registered defences without keys of their own, by name (the "
                                                       "built-in ones below are on when their keys say so)")
     prune_ratio: float = Field(
@@ -271,12 +271,18 @@ class Settings(BaseModel):
     @field_validator("trainer")
     @classmethod
     def _known_trainer(cls, value: str) -> str:
-        return TRAINERS.check(value)
+        """A registered family, or `auto`: every one (not a family itself, so not registered)."""
+        if value == "auto" or value in TRAINERS:
+            return value
+        raise ValueError(f"{TRAINERS.unknown(value)}, auto (every one)")
 
     @field_validator("defences")
     @classmethod
     def _known_defences(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(DEFENCES.check(name) for name in value)
+        for name in value:
+            if DEFENCES[name].active is not None:
+                raise ValueError(f"{name!r} is on by its own keys (docs/defences.md), not by name")
+        return value
 
     @field_validator("fault")
     @classmethod
@@ -301,15 +307,6 @@ class Settings(BaseModel):
             raise ValueError("dataset-mean and dataset-std: give both, one value per channel")
         if any(v <= 0 for v in self.dataset_std):
             raise ValueError(f"dataset-std: every value must be > 0, got {self.dataset_std}")
-        return self
-
-    @model_validator(mode="after")
-    def _dp_fedavg_averages(self) -> Settings:
-        if self.dp_fedavg != "off" and self.aggregation != "fedavg":
-            raise ValueError(
-                f"aggregation {self.aggregation!r} with dp-fedavg {self.dp_fedavg!r}: DP-FedAvg's noise and accountant "
-                "assume the clipped updates are averaged; use aggregation 'fedavg'"
-            )
         return self
 
     @model_validator(mode="after")
@@ -382,21 +379,16 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _defences_can_run(self) -> Settings:
-        """The defences inside FedAvg/FedProx: batch mixing, DP-SGD (Opacus), DP-FedAvg (Flower's wrapper)."""
-        if self.batch_mix != "none" and self.coefficient_cap * self.batch_mix_k < 1:
-            raise ValueError(
-                f"coefficient-cap {self.coefficient_cap} x batch-mix-k {self.batch_mix_k} < 1: "
-                "the weights cannot sum to 1"
-            )
-        if self.dp_sgd_epsilon > 0 and self.model_norm != "group":
-            raise ValueError("dp-sgd-epsilon > 0 needs model-norm 'group': Opacus refuses BatchNorm (per-sample "
-                             "gradients do not exist when a batch's statistics mix its samples)")
-        if self.dp_sgd_epsilon > 0 and self.proximal_mu > 0 and "fedprox" in self.strategies:
-            raise ValueError("dp-sgd-epsilon > 0 with fedprox: Opacus clips per-sample gradients of the loss and "
-                             "would drop the proximal term's gradient; use fedavg (proximal-mu 0)")
-        if self.dp_fedavg != "off" and self.model_norm != "group":
-            raise ValueError("dp-fedavg needs model-norm 'group': BatchNorm's running statistics (and its integer "
-                             "batch counter) would be clipped and noised as if they were weights")
+        """Each active defence's own conditions (fedsmix/defences.py), and one defence at most on each batch and
+        on the optimiser (the training loop takes one of each)."""
+        on = [(name, defence) for name, defence in DEFENCES.items() if defence.on(name, self)]
+        for _, defence in on:
+            if defence.check is not None:
+                defence.check(self)
+        for hook, what in (("batch", "each training batch"), ("private", "the optimiser")):
+            names = [name for name, defence in on if getattr(defence, hook) is not None]
+            if len(names) > 1:
+                raise ValueError(f"defences {' and '.join(names)} would each take over {what}; keep one")
         return self
 
     # ------------------------------------------------------------------ helpers

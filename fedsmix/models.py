@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .config import Settings
+from .defences import active
 
 
 class MLPHead(nn.Module):
@@ -158,20 +159,13 @@ def model_kind(settings: Settings) -> str:
 
 
 def new_classifier(settings: Settings, sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The run's classifier; the same initial weights for every strategy and party (seeded).
-
-    model-norm 'group' swaps every BatchNorm for GroupNorm through Opacus' ModuleValidator.fix
-    (min(32, channels) groups; no running statistics), which DP-SGD and DP-FedAvg need; its ReLUs
-    stop working in place (Opacus' backward hooks forbid editing their outputs in place)."""
+    """The run's classifier; the same initial weights for every strategy and party (seeded), as the run's
+    defences shape it (model-norm 'group' swaps BatchNorm for GroupNorm: fedsmix/defences.py)."""
     torch.manual_seed(settings.seed)
     model = build_classifier(model_kind(settings), sample_shape, num_classes)
-    if settings.model_norm == "group":
-        from opacus.validators import ModuleValidator
-
-        model = ModuleValidator.fix(model)
-        for module in model.modules():
-            if isinstance(module, nn.ReLU):
-                module.inplace = False
+    for _, defence in active(settings):
+        if defence.model is not None:
+            model = defence.model(settings, model)
     return model
 
 

@@ -20,6 +20,7 @@ import torch
 
 from . import data as datalib
 from .config import Settings
+from .defences import active
 from .encoders import (
     Calibration,
     DataStatistics,
@@ -36,15 +37,7 @@ from .models import new_classifier, represent
 from .partition import partition_indices
 from .seeding import generator
 from .space import load_public_pool, pixel_spec, to_space, train_subset_rows
-from .training import (
-    StepTrace,
-    TrainReport,
-    dp_sgd_epsilon,
-    dp_sgd_noise_multiplier,
-    prune_update,
-    train,
-    train_config,
-)
+from .training import StepTrace, TrainReport, dp_sgd_noise_multiplier, train, train_config
 
 
 @dataclass
@@ -394,8 +387,9 @@ def train_local(
     """Local-only training (`mode="local-only"`: the central recipe, alone) or one FedAvg/FedProx
     round (`"federated"`: `local-epochs` of SGD from the global weights, plus (mu/2)||w - w_global||^2).
 
-    A federated round carries the run's defences: each batch mixed (`batch-mix`), DP-SGD
-    (`dp-sgd-epsilon`) and, last, the round's update pruned (`prune-ratio`). `rows` replays a round on
+    A federated round carries the run's active defences (fedsmix/defences.py): their batch and private
+    hooks in the training loop, then their update hooks, in registration order, each with a generator of its
+    own for this party and round (pruning, `prune-ratio`, is one). `rows` replays a round on
     those samples only (the attack's victims; mixing partners still come from the whole partition), with
     `dp_noise_multiplier` the party's own DP-SGD noise level (`party_dp_sgd_noise`) rather than one solved
     for a set of len(rows) samples; `trace` records each step for the simulation's oracle;
@@ -416,11 +410,15 @@ def train_local(
     targets = part.one_hot()
     if mode == "federated" and listed(settings.fault, part.party, ("label-flip",)):  # fault: permuted classes
         targets = flip_classes(targets, generator(settings.seed, part.party, "fault"))
+    defences = active(settings) if mode == "federated" else []
+    mix = next((d.batch for _, d in defences if d.batch), None)  # one of each at most: the settings refuse two
+    private = next((d.private for _, d in defences if d.private), None)
     torch.manual_seed(settings.seed + part.party)
     report = train(model, part.x, targets, cfg, generator(settings.seed, *purpose), proximal_reference=reference,
-                   rows=rows, trace=trace, on_epoch=on_epoch)
-    if mode == "federated" and settings.prune_ratio > 0:
-        prune_update(model, reference, settings.prune_ratio)
+                   rows=rows, trace=trace, on_epoch=on_epoch, mix_batch=mix, make_private=private)
+    for name, defence in defences:
+        if defence.update is not None:
+            defence.update(settings, model, reference, generator(settings.seed, name, part.party, server_round))
     if mode == "federated" and (kind := listed(settings.fault, part.party, UPDATE_FAULTS)):  # last: what it sends
         model.load_state_dict(falsify_update(kind, model.state_dict(), global_state, settings.fault_scale))
     return LocalResult(model, report, len(part.labels) if rows is None else len(rows))
@@ -431,12 +429,3 @@ def party_dp_sgd_noise(settings: Settings, part: Partition) -> float | None:
     if settings.dp_sgd_epsilon <= 0:
         return None
     return dp_sgd_noise_multiplier(train_config(settings, "cpu", federated_client=True), len(part.labels))
-
-
-def dp_sgd_spent(settings: Settings, report: TrainReport, server_round: int) -> float | None:
-    """DP-SGD epsilon this party has spent after `server_round` rounds (it trained in each; an upper bound
-    where fraction-train < 1), from the sigma and sampling rate Opacus used and the steps per round."""
-    if report.dp_noise_multiplier is None:
-        return None
-    steps = round(settings.local_epochs / report.dp_sample_rate) * max(server_round, 1)
-    return dp_sgd_epsilon(report.dp_noise_multiplier, report.dp_sample_rate, steps, settings.dp_delta)

@@ -4,10 +4,10 @@ Inputs may be tensors or numpy arrays (memory-mapped uploads); batches are copie
 device one at a time. Checkpoints capture model, optimiser, schedule and every RNG, so a
 resumed run ends bit-identical to an uninterrupted one on the CPU.
 
-A federated party's defences (docs/defences.md) live here too: each local batch mixed
-by the encoders' own MixUp or inside-dataset InstaHide (`batch-mix`), and DP-SGD through Opacus
-(`dp-sgd-epsilon`: per-sample clipping and Gaussian noise, Poisson-sampled batches). Pruning acts
-on the round's update, after training (`prune_update`, called by fedsmix.party.train_local).
+A federated party's defences (fedsmix/defences.py) reach the loop as two hooks: one turns each
+batch's rows into what the model trains on (`batch-mix`), one makes the training private (DP-SGD
+through Opacus). The DP-SGD accountant's arithmetic stays here, beside the report that records the
+sigma and sampling rate Opacus used.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .config import Settings
-from .encoders import Encoded, instahide, mixup
+from .encoders import Encoded
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class TrainConfig:
     proximal_mu: float = 0.0
     device: str = "cpu"
     momentum: float = 0.9  # SGD only
-    # defences of a federated party's local training
+    # a federated party's defences, as their hooks read them (fedsmix/defences.py)
     batch_mix: str = "none"  # none | mixup | instahide: every local batch mixed with partners from the whole set
     batch_mix_k: int = 4
     mix_cap: float = 0.65
@@ -159,34 +159,6 @@ class StepTrace:
         self.dropout_masks.append([])
 
 
-def mix_batch(cfg: TrainConfig, x: torch.Tensor, y: torch.Tensor, index: torch.Tensor,
-              generator: torch.Generator) -> Encoded:
-    """The batch defence: rows `index` of x, each mixed with batch-mix-k - 1 partners from all of x (coefficients
-    uniform, normalised, capped at coefficient-cap), by the encoders' own MixUp or inside-dataset InstaHide
-    (which also flips every pixel's sign with a fresh mask). Soft labels mix alike."""
-    if not isinstance(x, torch.Tensor):
-        raise ValueError("batch-mix needs the party's samples in memory (a tensor)")
-    if cfg.batch_mix == "mixup":
-        return mixup(x, y, cfg.batch_mix_k, cfg.mix_cap, generator, rows=index)
-    if cfg.batch_mix == "instahide":
-        return instahide(x, y, cfg.batch_mix_k, cfg.mix_cap, generator, rows=index)
-    raise ValueError(f"batch-mix: unknown {cfg.batch_mix!r}; allowed: none, mixup, instahide")
-
-
-@torch.no_grad()
-def prune_update(model: nn.Module, reference: list[torch.Tensor], ratio: float) -> None:
-    """Gradient pruning of the round's update: in every trainable tensor, the floor(ratio * size) entries whose
-    change w - w_global is smallest in magnitude are reset to the global value, so the update the server sees
-    has exactly that fraction of zeros per tensor (ties broken by position)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p, ref in zip(params, reference):
-        flat, ref = p.view(-1), ref.to(p.device).reshape(-1)
-        drop = int(ratio * flat.numel())
-        if drop:
-            smallest = torch.topk((flat - ref).abs(), drop, largest=False, sorted=False).indices
-            flat[smallest] = ref[smallest]
-
-
 def dp_sgd_sample_rate(rows: int, batch_size: int) -> float:
     """Opacus' Poisson rate: 1 / len(data loader)."""
     return 1.0 / math.ceil(rows / batch_size)
@@ -208,28 +180,6 @@ def dp_sgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delt
     accountant = RDPAccountant()
     accountant.history = [(noise_multiplier, sample_rate, steps)]
     return float(accountant.get_epsilon(delta))
-
-
-def _private(model: nn.Module, optimizer, cfg: TrainConfig, rows: torch.Tensor, generator: torch.Generator):
-    """Opacus' PrivacyEngine around the model and optimiser; its data loader yields Poisson batches of row
-    indices (so the batch defence and the trace see rows, as without DP)."""
-    from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
-
-    if cfg.proximal_mu > 0:
-        raise ValueError("dp-sgd-epsilon > 0 with proximal-mu > 0: Opacus would drop the proximal gradient")
-    loader = DataLoader(TensorDataset(rows), batch_size=cfg.batch_size, generator=generator)
-    noise = torch.Generator(device=cfg.device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
-    engine = PrivacyEngine(accountant="rdp")
-    common = dict(module=model, optimizer=optimizer, data_loader=loader, max_grad_norm=cfg.dp_max_grad_norm,
-                  noise_generator=noise, poisson_sampling=True)
-    if cfg.dp_noise_multiplier is None:
-        private, optimizer, loader = engine.make_private_with_epsilon(
-            target_epsilon=cfg.dp_sgd_epsilon, target_delta=cfg.dp_delta, epochs=cfg.dp_epochs, **common
-        )
-    else:
-        private, optimizer, loader = engine.make_private(noise_multiplier=cfg.dp_noise_multiplier, **common)
-    return private, optimizer, loader
 
 
 def soft_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, trim: float = 0.0) -> torch.Tensor:
@@ -382,6 +332,8 @@ def train(
     checkpoint_key: str = "",
     rows: torch.Tensor | None = None,
     trace: StepTrace | None = None,
+    mix_batch: Callable[..., Encoded] | None = None,
+    make_private: Callable[..., tuple] | None = None,
 ) -> TrainReport:
     """Minimise soft cross-entropy (+ mu/2 * proximal term, + lambda * L_mixcon) with AdamW/SGD and a
     cosine schedule (`batch_loss`).
@@ -389,6 +341,10 @@ def train(
     `checkpoint_key` names the training data; a checkpoint with another key is refused. `rows` restricts
     the epochs to those samples (a replayed batch); batch-mix partners still come from all of x. `trace`
     records every step for the simulation's oracle.
+
+    The hooks of a party's defences (fedsmix/defences.py): `mix_batch(cfg, x, y, index, generator)` turns each
+    batch's rows into the encoded batch the model trains on; `make_private(model, optimizer, cfg, rows,
+    generator)` returns Opacus' private module, its DPOptimizer and a loader of Poisson batches of rows (DP-SGD).
     """
     device = cfg.device
     model.to(device)
@@ -433,8 +389,8 @@ def train(
     y_dev = y if isinstance(y, torch.Tensor) else torch.from_numpy(np.asarray(y))
     t0 = time.perf_counter()
     private = loader = None
-    if cfg.dp_sgd_epsilon > 0:
-        private, optimizer, loader = _private(model, optimizer, cfg, rows, generator)
+    if make_private is not None:
+        private, optimizer, loader = make_private(model, optimizer, cfg, rows, generator)
         report.dp_noise_multiplier = float(optimizer.noise_multiplier)
         report.dp_sample_rate = dp_sgd_sample_rate(n, cfg.batch_size)
     forward = private if private is not None else model
@@ -452,7 +408,7 @@ def train(
                 len(index) < 2 and any(isinstance(m, nn.BatchNorm1d) for m in model.modules())
             ):
                 continue  # BatchNorm1d cannot train on a single sample (BatchNorm2d still has H x W values)
-            mix = mix_batch(cfg, x, y_dev, index, generator) if cfg.batch_mix != "none" else None
+            mix = mix_batch(cfg, x, y_dev, index, generator) if mix_batch is not None else None
             if mix is None:
                 xb = _rows(x, index, device)
                 yb = y_dev[index].to(device, dtype=torch.float32)

@@ -22,6 +22,7 @@ sums in party order, then calls FedAvg's), so the same accountant is composed he
 
 from __future__ import annotations
 
+import numpy as np
 from flwr.serverapp import GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, SamplingMethod
 from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideFixedClipping,
@@ -30,6 +31,7 @@ from flwr.serverapp.strategy import (
 )
 
 from fedsmix.config import Settings
+from fedsmix.seeding import derive_seed
 
 SAMPLING = (
     "fixed-size sample of the parties each round, no amplification credited (Flower 'no-amplification'); "
@@ -43,11 +45,13 @@ def sampled_per_round(settings: Settings, parties: int) -> int:
 
 
 def wrap(strategy: Strategy, settings: Settings, sampled: int) -> Strategy:
-    """The run's strategy inside Flower's fixed-clipping DP wrapper (server- or client-side clipping)."""
+    """The run's strategy inside Flower's fixed-clipping DP wrapper (server- or client-side clipping). Flower draws
+    the noise from numpy's global generator: seeded here, a run is replayable."""
     wrapper = {"server": DifferentialPrivacyServerSideFixedClipping,
                "client": DifferentialPrivacyClientSideFixedClipping}.get(settings.dp_fedavg)
     if wrapper is None:
         raise ValueError(f"dp-fedavg: {settings.dp_fedavg!r} is not a DP mode; allowed: server, client")
+    np.random.seed(derive_seed(settings.seed, "dp-fedavg-noise") % 2**32)
     return wrapper(strategy, settings.dp_noise_multiplier, settings.dp_clipping_norm, sampled)
 
 

@@ -10,25 +10,28 @@ sends mu: `strategy_class` puts Flower's aggregator after FedProx in the class o
 configure_train (mu) and the aggregator's aggregate_train (median, trimmed mean, Krum selection, ...)
 both run unchanged. Krum/MultiKrum/Bulyan assume `malicious-parties` = f; MultiKrum averages the n - f
 best-scored updates; FedTrimmedAvg cuts `trimmed-beta` at each end.
-With `dp-fedavg` it runs inside Flower's own DP wrapper (strategies/dp_fedavg.py): every sampled party
-must then reply, and the rounds it aggregated are the releases the accountant counts.
+Active defences with a part on the server (fedsmix/defences.py) wrap the strategy; those parts are written
+against Flower's strategy API, so they are registered here, under the defence's name (`SERVER_SIDES`). With
+`dp-fedavg` it runs inside Flower's own DP wrapper (strategies/dp_fedavg.py): every sampled party must then
+reply, and the rounds it aggregated are the releases the accountant counts.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedProx, FedTrimmedAvg, Krum, MultiKrum
+from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedProx, FedTrimmedAvg, Krum, MultiKrum, Strategy
 
 from fedsmix import data as datalib
 from fedsmix.config import Settings
+from fedsmix.defences import active
 from fedsmix.models import new_classifier
-from fedsmix.seeding import derive_seed
+from fedsmix.registry import Registry
 from fedsmix.space import mixing_shape
 from fedsmix.trainers import test_accuracy
 from server.context import RunAborted, RunContext
@@ -96,6 +99,19 @@ class ReportingFedProx(FedProx):
         return arrays, metrics
 
 
+@dataclass(frozen=True)
+class ServerSide:
+    """The part of a defence that runs on the server (`Defence.server`), around the run's strategy."""
+
+    wrap: Callable[[Strategy, Settings, int], Strategy]  # (strategy, settings, parties sampled a round) -> strategy
+    report: Callable[[Settings, int, int, list[int]], dict]  # (settings, sampled, parties, released rounds) -> block
+    exact: bool = False  # it releases the unweighted mean of exactly the sampled parties (each weighs 1, all reply)
+
+
+SERVER_SIDES: Registry[ServerSide] = Registry("server side of a defence", "defences", home="strategies")
+SERVER_SIDES.add("dp-fedavg", ServerSide(dp_fedavg.wrap, dp_fedavg.report, exact=True))
+
+
 def strategy_class(aggregation: str) -> type[ReportingFedProx]:
     """ReportingFedProx with Flower's `aggregation` aggregator as its server side."""
     if aggregation not in AGGREGATORS:
@@ -129,23 +145,25 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[
     parties = len(ctx.nodes())
     num_classes = datalib.dataset_spec(s).num_classes
     model = new_classifier(s, mixing_shape(s), num_classes)
-    dp = s.dp_fedavg != "off"
+    defences = active(s)
+    servers = [(name, SERVER_SIDES[name]) for name, defence in defences if defence.server]
+    exact = any(side.exact for _, side in servers)
     sampled = dp_fedavg.sampled_per_round(s, parties)
     strategy = strategy_class(s.aggregation)(
         ctx,
-        dp_sample=sampled if dp else 0,
+        dp_sample=sampled if exact else 0,
         fraction_train=s.fraction_train,
         fraction_evaluate=0.0,
         min_train_nodes=s.min_parties,
         min_available_nodes=s.min_parties,
         proximal_mu=mu,
-        weighted_by_key="equal-weight" if dp else "num-examples",
+        weighted_by_key="equal-weight" if exact else "num-examples",
     )
     for name, value in aggregator_options(s, sampled).items():
         setattr(strategy, name, value)
-    runner = dp_fedavg.wrap(strategy, s, sampled) if dp else strategy
-    if dp:  # Flower draws the DP noise from numpy's global generator: seeded, a run is replayable
-        np.random.seed(derive_seed(s.seed, "dp-fedavg-noise") % 2**32)
+    runner = strategy
+    for _, side in servers:
+        runner = side.wrap(runner, s, sampled)
     curve: list[dict] = []
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -175,14 +193,11 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[
     path = ctx.run_dir / f"global-model-{label or ('fedprox' if mu > 0 else 'fedavg')}.pt"
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)  # a trained round to attack
     train_metrics = {str(k): dict(v) for k, v in result.train_metrics_clientapp.items()}
-    extra = {"dp-fedavg": dp_fedavg.report(s, sampled, parties, strategy.released)} if dp else {}
-    if s.dp_sgd_epsilon > 0 and train_metrics:
-        last = train_metrics[max(train_metrics, key=int)]
-        extra["dp-sgd"] = {
-            "target-epsilon": s.dp_sgd_epsilon, "delta": s.dp_delta, "max-grad-norm": s.dp_sgd_max_grad_norm,
-            "epsilon": last.get("dp-sgd-epsilon"), "noise-multiplier": last.get("dp-sgd-noise-multiplier"),
-            "accountant": "Opacus RDP, per party (mean over parties of the last round), Poisson sampling",
-        }
+    last = train_metrics[max(train_metrics, key=int)] if train_metrics else {}  # the parties' mean, last round
+    extra = {name: side.report(s, sampled, parties, strategy.released) for name, side in servers}
+    for name, defence in defences:
+        if defence.results is not None and (block := defence.results(s, last)) is not None:
+            extra[name] = block
     return model, {
         "accuracy": final,
         "proximal-mu": mu,

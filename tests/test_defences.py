@@ -9,9 +9,10 @@ import torch
 from commands.frontier.plan import parse_row
 from fedsmix import data
 from fedsmix.config import SettingsError, load_settings
+from fedsmix.defences import dp_sgd_spent
 from fedsmix.metrics import score
 from fedsmix.models import new_classifier
-from fedsmix.party import dp_sgd_spent, load_partition, train_local
+from fedsmix.party import load_partition, train_local
 from fedsmix.training import StepTrace
 from server.adversary.cases import public_samples, update_case
 from server.adversary.gradient import InvertingGradients, attacker_copy, restore_labels
