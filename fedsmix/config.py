@@ -142,7 +142,7 @@ class Settings(BaseModel):
     checkpoint_every: int = Field(0, ge=0, description="epochs between checkpoints; 0 = off")
     resume: str = Field("", description="run directory to resume ('latest' = runs-dir/latest)")
     eval_every: int = Field(0, ge=0, description="epochs between test evaluations of the central model; 0 = at the end")
-    # the central trainer of mixup-union (fedsmix/trainers.py) and its honest selection
+    # the central trainer of mixup-union (fedsmix/trainers/) and its honest selection
     trainer: str = Field("auto", description="a registered trainer family (fedsmix/trainers), or 'auto': every one")
     head_penalties: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # gamma of the closed-form heads
     validation_fraction: float = Field(0.1, ge=0, lt=1, description="upload rows per party held out for selection")
@@ -183,7 +183,7 @@ class Settings(BaseModel):
     fault: str = Field("", description="fault injection, e.g. 'raise:1' or 'timeout:0,2'")
     fault_scale: float = Field(100.0, description="the factor of fault 'scale'")
     # plausibility checks of well-formed uploads (server/plausibility.py) and robust central
-    # training (fedsmix/trainers.py) for what they cannot decide
+    # training (fedsmix/trainers/) for what they cannot decide
     plausibility: bool = Field(True, description="quarantine uploads that fail the plausibility checks")
     robust_training: Literal[ROBUST_TRAINING] = "clip"  # type: ignore[valid-type]
     robust_trim: float = Field(0.1, ge=0, lt=0.5, description="robust-training trim: batch fraction dropped")

@@ -29,7 +29,7 @@ Across parties (`quarantine`, after every upload arrived; the first three need a
   parties' rows of the same classes do (class by class: under label skew a party holding a hard class is
   not suspect), random inputs (garbage) or permuted classes (label flipping) far less. Decided only
   when the parties' agreement is well above chance (at tiny tau the noise hides the labels from any linear
-  head, and the check abstains: robust central training is the fallback there, fedsmix/trainers.py).
+  head, and the check abstains: robust central training is the fallback there, fedsmix/trainers/).
 - `structure`: real encodings put a good share of their (centred) energy into the few principal directions
   the parties' rows share; random values spread it over every direction (the sphere noise of a small tau
   does too, and then the check abstains). Catches garbage whose mean alone carries the party's classes

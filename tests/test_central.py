@@ -1,4 +1,4 @@
-"""The central trainers (fedsmix/trainers.py): closed-form heads, the known-noise correction, BatchNorm
+"""The central trainers (fedsmix/trainers/): closed-form heads, the known-noise correction, BatchNorm
 recalibration, and a selection that sees only what the parties score on their own clean data."""
 
 from __future__ import annotations

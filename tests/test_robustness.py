@@ -277,7 +277,7 @@ def test_robust_training_reaches_every_candidate_of_the_central_trainer(monkeypa
         seen["trim"] = cfg.trim
         return trainers.TrainReport()
 
-    monkeypatch.setattr(trainers, "train", fake_train)
+    monkeypatch.setattr(trainers.mlp, "train", fake_train)
     trainers.fit(settings.replace(trainer="mlp", robust_training="trim", robust_trim=0.2), union, (1, 4, 4), 3,
                 "cpu", ["mlp"])
     assert seen["trim"] == 0.2

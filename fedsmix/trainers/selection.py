@@ -1,0 +1,217 @@
+"""The `trainer` key's candidates over the registered families, their fit, and the honest selection: the parties
+score the candidates on the clean samples that held-out upload rows encode; the best is refit on every row."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import Settings
+from ..data import DatasetUnavailable
+from ..progress import SILENT, Progress
+from ..registry import TRAINERS
+from ..seeding import generator
+from ..space import public_in_space
+from ..training import evaluate, predict
+from .base import Job, Trainer
+from .union import Union, clipped
+
+
+def test_accuracy(model: torch.nn.Module, test: tuple[torch.Tensor, torch.Tensor], device: str) -> dict[str, float]:
+    return evaluate(model, test[0], test[1], device)
+
+
+@dataclass
+class Fitted:
+    models: dict[str, nn.Module]
+    reports: dict[str, dict] = field(default_factory=dict)  # per candidate: how it was trained
+
+
+def families(settings: Settings) -> list[tuple[str, Trainer]]:
+    """The registered families the `trainer` key names: one, or under `auto` every one (in registration order)."""
+    if settings.trainer == "auto":
+        return TRAINERS.items()
+    return [(settings.trainer, TRAINERS[settings.trainer])]
+
+
+def needs_public(settings: Settings) -> bool:
+    """Whether the chosen trainer family uses the server's public pool (BatchNorm recalibration, a prior)."""
+    return any(family.needs_public for _, family in families(settings))
+
+
+def ensure_run_features(settings: Settings) -> list[Path]:
+    """Extract (or find cached) every backbone-feature split a run reads: train and test, and the public
+    pool when the attacker or mixup-union's trainer uses it (`fedsmix features`, a grid's warm-up). A
+    public set that is not there is skipped under `trainer: auto`, as `server_public` does at run time."""
+    from ..features import PUBLIC_DATASET, ensure_features
+
+    paths = [ensure_features(settings, split) for split in ("train", "test")]
+    if settings.adversary or ("mixup-union" in settings.strategies and needs_public(settings)):
+        try:
+            paths.append(ensure_features(settings.replace(dataset=PUBLIC_DATASET), "train"))
+        except DatasetUnavailable:
+            if settings.adversary or settings.trainer != "auto":
+                raise
+    return paths
+
+
+def server_public(settings: Settings, progress: Progress = SILENT) -> torch.Tensor | None:
+    """The public pool in the mixing space when the trainer uses one, else None.
+
+    Under `trainer: auto` a server without the public set (no `data-dir`, as in a bare deployment)
+    trains the other candidates and says so; a trainer that names a public family needs the set.
+    """
+    if not needs_public(settings):
+        return None
+    try:
+        return public_in_space(settings)
+    except DatasetUnavailable as error:
+        if settings.trainer != "auto":
+            raise DatasetUnavailable(f"trainer {settings.trainer!r} needs the public set: {error}") from error
+        skipped = [name for name, family in families(settings) if family.needs_public]
+        progress.emit("public-unavailable", skipped=skipped, reason=str(error).split(". ")[0])
+        return None
+
+
+def party_summary(accuracy: dict[int, float]) -> dict:
+    """Per-party accuracies with their mean, min and max (parties sorted)."""
+    values = list(accuracy.values())
+    if not values:
+        return {"per-party-accuracy": {}, "mean": None, "min": None, "max": None}
+    return {
+        "per-party-accuracy": {str(p): a for p, a in sorted(accuracy.items())},
+        "mean": sum(values) / len(values), "min": min(values), "max": max(values),
+    }
+
+
+def candidate_names(settings: Settings, public: bool = True) -> list[str]:
+    """The candidates of the `trainer` family; without a public pool, none that needs one."""
+    if settings.encoder == "mixcon":  # noise-free representations: LeNet-5's own head, nothing to choose
+        return ["mlp"]
+    return [name for _, family in families(settings) if public or not family.needs_public
+            for name in family.candidates(settings)]
+
+
+def _by_family(settings: Settings, names: list[str]) -> list[tuple[Trainer, list[str]]]:
+    """The named candidates grouped by the registered family that yields each, in registration order."""
+    groups = [(family, [name for name in names if name in family.candidates(settings)])
+              for _, family in TRAINERS.items()]
+    claimed = {name for _, own in groups for name in own}
+    unknown = [name for name in names if name not in claimed]
+    if unknown:
+        raise ValueError(f"trainer: no registered family yields {', '.join(map(repr, unknown))}")
+    return [(family, own) for family, own in groups if own]
+
+
+def fit(settings: Settings, union: Union, sample_shape: tuple[int, ...], num_classes: int, device: str,
+        names: list[str], public: torch.Tensor | None = None, **train_options) -> Fitted:
+    """Train the named candidates on `union`, each family on its own names, in one `Job`: the MLP once for both
+    of its variants, the linear heads from one pass over the union's moments. `train_options` reach the MLP's
+    train_classifier."""
+    if settings.robust_training == "clip":
+        union = clipped(union, settings.seed)
+    job = Job(settings, union, sample_shape, num_classes, device, public, train_options)
+    fitted = Fitted({})
+    for family, own in _by_family(settings, names):
+        for name, (model, report) in family.fit(job, own).items():
+            fitted.models[name], fitted.reports[name] = model, report
+    return fitted
+
+
+def validation_rows(settings: Settings, parties: np.ndarray) -> np.ndarray:
+    """The rows held out for selection: `validation-fraction` of every party's rows (at least one), seeded."""
+    held = []
+    for party in np.unique(parties):
+        rows = np.flatnonzero(parties == party)
+        k = max(1, math.ceil(settings.validation_fraction * len(rows)))
+        order = torch.randperm(len(rows), generator=generator(settings.seed, int(party), "validation")).numpy()
+        held.append(np.sort(rows[order[:k]]))
+    return np.concatenate(held) if held else np.empty(0, dtype=np.int64)
+
+
+def select(scores: dict[str, dict[str, int]], names: list[str]) -> tuple[str, dict[str, float]]:
+    """The candidate with the most correct predictions pooled over the parties (ties: the earlier name)."""
+    pooled = {}
+    for name in names:
+        correct = sum(int(s[name]["correct"]) for s in scores.values() if name in s)
+        total = sum(int(s[name]["n"]) for s in scores.values() if name in s)
+        pooled[name] = correct / total if total else float("nan")
+    valid = [n for n in names if not math.isnan(pooled[n])]
+    if not valid:
+        raise ValueError("no party scored any candidate: cannot select a trainer")
+    return max(valid, key=lambda n: (pooled[n], -names.index(n))), pooled
+
+
+@torch.no_grad()
+def score_models(models: dict[str, nn.Module], x: torch.Tensor, labels: torch.Tensor, device: str = "cpu") -> dict:
+    """Correct predictions of each model on (x, labels): what a party reports for selection."""
+    out = {}
+    for name, model in models.items():
+        pred = predict(model, x, device).argmax(dim=1)
+        out[name] = {"correct": int((pred == labels.long()).sum()), "n": len(labels)}
+    return out
+
+
+def build_model(name: str, settings: Settings, sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """An empty module of a candidate's architecture (its state dict travels in messages)."""
+    ((family, _),) = _by_family(settings, [name])
+    return family.build(settings, sample_shape, num_classes)
+
+
+@dataclass
+class Selection:
+    """The central model and how it was chosen."""
+
+    chosen: str
+    model: nn.Module
+    validation: dict[str, float]  # pooled party-validation accuracy per candidate (empty: nothing to choose)
+    held_out: int  # upload rows held out for the selection (refit on every row afterwards)
+    report: dict
+
+
+def train_union(
+    settings: Settings,
+    union: Union,
+    sample_shape: tuple[int, ...],
+    num_classes: int,
+    device: str,
+    *,
+    score: Callable[[dict[str, nn.Module], dict[int, np.ndarray]], dict] | None = None,
+    public: torch.Tensor | None = None,
+    progress: Progress = SILENT,
+    **train_options,
+) -> Selection:
+    """Select a trainer honestly and fit it on the whole union.
+
+    With several candidates: hold out `validation-fraction` of every party's rows, train the candidates
+    on the rest, and `score(models, {party: its held-out upload rows})` returns every party's counts
+    (`score_models` on its clean samples); the best is refit on every row. `train_options` reach the
+    final MLP fit (checkpoints, epoch hooks). `progress` hears the selection: its epochs, the scores, the choice.
+    """
+    names = candidate_names(settings, public is not None)
+    if not names:
+        raise ValueError(f"trainer {settings.trainer!r}: no candidate can be trained without the public set")
+    validation, held = {}, np.empty(0, dtype=np.int64)
+    if len(names) > 1:
+        if score is None:
+            raise ValueError(f"trainer {settings.trainer!r} has {len(names)} candidates and nobody to score them")
+        held = validation_rows(settings, union.parties)
+        keep = np.setdiff1d(np.arange(len(union)), held)
+        progress.emit("selection-start", candidates=len(names), **{"train-rows": len(keep), "held-out": len(held)})
+        report = progress.epochs(settings.epochs, phase="selection")
+        fitted = fit(settings, union.subset(keep), sample_shape, num_classes, device, names, public,
+                     on_epoch=lambda model, epoch, loss: report(epoch, loss))
+        scores = score(fitted.models, union.local_rows(held))
+        chosen, validation = select(scores, names)
+        progress.emit("selection", chosen=chosen, voters=len(scores), scores=validation)
+        del fitted
+    else:
+        chosen = names[0]
+    final = fit(settings, union, sample_shape, num_classes, device, [chosen], public, **train_options)
+    return Selection(chosen, final.models[chosen], validation, len(held), final.reports.get(chosen, {}))
