@@ -20,7 +20,7 @@ system:
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev,efficientnet]"
+	$(PY) -m pip install -q -e ".[dev,efficientnet,watch]"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 run: $(STAMP)

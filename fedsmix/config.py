@@ -230,6 +230,7 @@ class Settings(BaseModel):
     progress_interval: float = Field(
         10.0, ge=0, description="seconds between epoch lines in the progress log (0 = every epoch)"
     )
+    tensorboard: bool = Field(True, description="TensorBoard event files in the run dir, from the progress events")
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @field_validator("plugins", "strategies", "adversary", "defences", mode="before")

@@ -9,6 +9,10 @@ Not a flood: epoch lines at most one per `interval` seconds (always the first an
 every epoch that measured test accuracy); the rest are one line per party, round, tau or step. A
 watchdog (`watch()`) fills silences: while a step runs, it emits an `alive` event when nothing has
 been emitted for 2 x interval seconds (at least 5 s), naming the last event and how long ago.
+
+Sinks (`attach(sink)`) get every event as a dict, epochs the throttle kept off the lines included (the
+TensorBoard writer, fedsmix/tensorboard_log.py); a sink that raises is detached and named by one
+`sink-failed` event: a sink never makes a run fail.
 """
 
 from __future__ import annotations
@@ -115,6 +119,8 @@ def describe(event: dict[str, Any]) -> str:
         text = f"failed after {clock(e.get('seconds'))}: {g('error')}"
     elif kind == "alive":
         text = f"still working; last: {g('step')} ({clock(e.get('since'))} ago)"
+    elif kind == "sink-failed":
+        text = f"{g('sink')} stopped after an error (the run goes on): {g('error')}"
     elif kind == "run-interrupted":
         text = f"run interrupted: {g('reason')}"
     elif kind == "run-end":
@@ -138,6 +144,7 @@ class Progress:
         # state shared by every bound copy: one lock, one clock, the last event (for the watchdog)
         self._shared = _shared if _shared is not None else {
             "lock": threading.Lock(), "t0": time.monotonic(), "last": None, "last-time": time.monotonic(),
+            "sinks": [],
         }
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,11 +157,31 @@ class Progress:
     def clock(self) -> float:
         return time.monotonic() - self._shared["t0"]
 
-    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def attach(self, sink: Callable[[dict[str, Any]], None]) -> None:
+        """Hand every later event of this Progress and of its bound copies to `sink(event)` as well."""
+        self._shared["sinks"].append(sink)
+
+    def detach(self, sink: Callable[[dict[str, Any]], None]) -> None:
+        if sink in self._shared["sinks"]:
+            self._shared["sinks"].remove(sink)
+
+    def _event(self, kind: str, fields: dict[str, Any]) -> dict[str, Any]:
         # `clock`: seconds since the run began (the same clock for every event of the run); a step's own
         # time is its `elapsed`
-        event = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "clock": round(self.clock, 3),
-                 "kind": kind, **self.fields, **fields}
+        return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "clock": round(self.clock, 3),
+                "kind": kind, **self.fields, **fields}
+
+    def _to_sinks(self, event: dict[str, Any]) -> None:
+        for sink in list(self._shared["sinks"]):
+            try:
+                sink(event)
+            except Exception as err:  # the sink stops, the run goes on
+                self.detach(sink)
+                self.emit("sink-failed", sink=getattr(sink, "name", type(sink).__name__),
+                          error=f"{type(err).__name__}: {err}")
+
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = self._event(kind, fields)
         line = describe(event)
         with self._shared["lock"]:
             if self.echo:
@@ -165,6 +192,7 @@ class Progress:
             if kind != "alive":
                 where = f"{PREFIX} [{event['strategy']}] " if event.get("strategy") else f"{PREFIX} "
                 self._shared["last"], self._shared["last-time"] = line.removeprefix(where), time.monotonic()
+        self._to_sinks(event)
         return event
 
     # ------------------------------------------------------------------------ epochs, ETA
@@ -184,13 +212,15 @@ class Progress:
             elapsed = now - state["t-first"] + per_epoch
             due = (state["printed"] is None or epoch >= total or accuracy is not None
                    or now - state["printed"] >= self.interval)
-            if not due:
+            eta = per_epoch * (total - epoch)
+            event = dict(phase=phase, epoch=epoch, epochs=total, loss=float(loss), elapsed=round(elapsed, 3),
+                         eta=round(eta, 3), **({"accuracy": accuracy} if accuracy is not None else {}), **fields)
+            if not due:  # no line, no JSON line; the sinks still get every epoch
+                if self._shared["sinks"]:
+                    self._to_sinks(self._event("epoch", event))
                 return
             state["printed"] = now
-            eta = per_epoch * (total - epoch)
-            self.emit("epoch", phase=phase, epoch=epoch, epochs=total, loss=float(loss), elapsed=round(elapsed, 3),
-                      eta=round(eta, 3),
-                      **({"accuracy": accuracy} if accuracy is not None else {}), **fields)
+            self.emit("epoch", **event)
 
         return report
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from pathlib import Path
 
 import torch
 from flwr.app import Context
@@ -16,6 +17,7 @@ from fedsmix.progress import FILE as PROGRESS_FILE
 from fedsmix.progress import Progress
 from fedsmix.registry import STRATEGIES
 from fedsmix.runs import new_run_dir
+from fedsmix.tensorboard_log import attach as attach_tensorboard
 from server import results as results_io
 from server import resume
 from server.context import RunAborted, RunContext
@@ -41,6 +43,17 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
             "strategies": {},
         }
     progress = Progress(run_dir / PROGRESS_FILE, interval=settings.progress_interval)
+    board = attach_tensorboard(progress, run_dir) if settings.tensorboard else None  # event files in the run dir
+    try:
+        return run_strategies(grid, settings, run_id, run_dir, results, done, dataset, progress)
+    finally:
+        if board is not None:
+            board.close()  # also when a strategy or the run failed
+
+
+def run_strategies(grid: Grid, settings: Settings, run_id: int, run_dir: Path, results: dict, done: set[str],
+                   dataset: dict, progress: Progress) -> dict:
+    """`run_experiment`'s strategies, once the run directory and its progress log exist."""
     ctx = RunContext(
         settings=settings, grid=grid, run_dir=run_dir, device=select_device(settings.device), run_id=run_id,
         progress=progress,
@@ -75,8 +88,11 @@ def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
                 results["strategies"][name] = STRATEGIES[name].run(ctx)
                 if STRATEGIES[name].uploads and settings.adversary:
                     results["strategies"][name]["adversary"] = attack_run(ctx, results["strategies"][name])
-            ctx.progress.emit("strategy-end", accuracy=results["strategies"][name].get("accuracy"),
-                              seconds=round(time.perf_counter() - started, 3))
+            res = results["strategies"][name]
+            ctx.progress.emit("strategy-end", accuracy=res.get("accuracy"),
+                              seconds=round(time.perf_counter() - started, 3),
+                              **{"bytes-up-per-party": res.get("mean-bytes-up-per-party"),
+                                 "bytes-down-per-party": res.get("mean-bytes-down-per-party")})
         except RunAborted as err:
             results["strategies"][name] = {"error": str(err), **err.details}  # who dropped out, and why
             failures.append(f"{name}: {err}")

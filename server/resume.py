@@ -21,6 +21,7 @@ MAY_CHANGE = frozenset(
     {
         "preset", "resume", "fault", "reply-timeout", "start-timeout", "strategies", "runs-dir", "run-name", "device",
         "data-dir", "feature-cache-dir", "download", "min-parties", "checkpoint-every", "eval-every",
+        "tensorboard",
     }
 )
 

@@ -54,6 +54,7 @@ class ReportingFedProx(FedProx):
         self.parties_used: set[int] = set()
         self.released: list[int] = []  # rounds whose aggregate went out
         self.answered: dict[int, int] = {}  # round -> parties whose update was aggregated
+        self.train_loss: dict[int, float] = {}  # round -> the aggregated parties' mean local training loss
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
         available = len(list(grid.get_node_ids()))
@@ -96,6 +97,8 @@ class ReportingFedProx(FedProx):
         arrays, metrics = super().aggregate_train(server_round, ok)
         if arrays is not None:
             self.released.append(server_round)
+        if metrics is not None and "train-loss" in metrics:
+            self.train_loss[server_round] = float(metrics["train-loss"])
         return arrays, metrics
 
 
@@ -175,6 +178,8 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[
             "round", round=server_round, rounds=rounds, accuracy=metrics["accuracy"], elapsed=round(elapsed, 3),
             answered=strategy.answered.get(server_round), sampled=len(strategy.sampled.get(server_round, [])) or None,
             eta=round(elapsed / server_round * (rounds - server_round), 3) if server_round else None,
+            **({"train-loss": strategy.train_loss[server_round]} if server_round in strategy.train_loss else {}),
+            **({"phase": label} if label else {}),  # FedAvg rounds inside another strategy (mixcon-split)
         )
         return MetricRecord(metrics)
 

@@ -38,7 +38,7 @@ def run(ctx: RunContext) -> dict:
         model.load_state_dict(reply.content[wire.ARRAYS].to_torch_state_dict())
         accuracy[party] = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]
         ctx.progress.emit("party", party=party, done=len(accuracy), of=len(nodes), accuracy=accuracy[party],
-                          **{"train-seconds": metrics.get("train-seconds")})
+                          **{"train-seconds": metrics.get("train-seconds"), "train-loss": metrics.get("train-loss")})
     _, dropped = split_replies(ctx, replies, nodes)
     require_parties(ctx, len(accuracy), "local-only", dropped=dropped)
     values = list(accuracy.values())
