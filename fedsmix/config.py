@@ -147,6 +147,10 @@ class Settings(BaseModel):
     head_penalties: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # gamma of the closed-form heads
     validation_fraction: float = Field(0.1, ge=0, lt=1, description="upload rows per party held out for selection")
     return_model: bool = Field(True, description="send the model back; each party recalibrates it on its own data")
+    # rounds sized by what they need, not by the federation: a seeded sample of the parties answers them
+    vote_parties: int = Field(10, ge=0, description="parties that score the trainer's candidates; 0 = every party")
+    return_parties: int = Field(10, ge=0, description="parties the model goes back to (and that report the "
+                                                      "recalibrated model's accuracy); 0 = every party")
     # federated baselines
     rounds: int = Field(10, ge=1)
     local_epochs: int = Field(1, ge=1)

@@ -102,8 +102,11 @@ def describe(event: dict[str, Any]) -> str:
         answered = f"{g('answered')} of {g('sampled')} parties answered" if e.get("round") else "initial model"
         text = (f"round {g('round')}/{g('rounds')}: {answered}, test accuracy {_pct(e.get('accuracy'))}, "
                 f"elapsed {clock(e.get('elapsed'))}, ETA {clock(e.get('eta'))}")
+    elif kind == "answers":
+        text = f"{g('phase')}: {g('answered')} of {g('of')} parties answered"
     elif kind == "returned":
-        text = f"model returned to {g('parties')} parties: mean test accuracy {_pct(e.get('mean'))}"
+        text = (f"model returned to {g('parties')} parties" + (f" (a sample of {e['of']})" if e.get("of") else "")
+                + f": mean test accuracy {_pct(e.get('mean'))}")
     elif kind == "attack-start":
         text = f"attacks {','.join(e.get('attacks') or [])} on {g('parties')} parties' uploads, {g('victims')} victims"
     elif kind == "attack":

@@ -117,8 +117,18 @@ class RunContext:
             time.sleep(0.1)
         return dict(self.node_party)
 
-    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> list[Message]:
-        return list(self.counting_grid().send_and_receive(messages, timeout=timeout or self.settings.reply_timeout))
+    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None,
+                         phase: str = "") -> list[Message]:
+        """Every reply (or the error replies of nodes that failed) within `timeout`; a named `phase` reports how many
+        parties answered, at most every `progress-interval` seconds and once at the end."""
+        messages = list(messages)
+        replies, last = [], time.monotonic()
+        for reply in self.stream_replies(messages, timeout):
+            replies.append(reply)
+            if phase and (time.monotonic() - last >= self.settings.progress_interval or len(replies) == len(messages)):
+                self.progress.emit("answers", phase=phase, answered=len(replies), of=len(messages))
+                last = time.monotonic()
+        return replies
 
     def stream_replies(self, messages: Iterable[Message], timeout: float | None = None) -> Iterator[Message]:
         """Yield replies as they arrive, so a caller can store and drop each large one before the next.

@@ -31,6 +31,7 @@ from fedsmix.trainers import (
     Selection,
     Union,
     party_summary,
+    sample_parties,
     server_public,
     test_accuracy,
     train_union,
@@ -261,7 +262,8 @@ def run(ctx: RunContext) -> dict:
         result["encoder"] = "mixcon"
         result["mixcon-phase"] = encoder_phase  # the FedAvg rounds that trained h (their bytes are counted below)
     if s.return_model and encoder is None:  # mixcon: the head reads h(x) and has no BatchNorm to recalibrate
-        result["returned"] = return_round(ctx, selection, used)
+        back = sample_parties(used, s.return_parties, s.seed, "return")
+        result["returned"] = {**return_round(ctx, selection, back), "sampled": len(back), "of": len(used)}
     result["wall-seconds"] = time.perf_counter() - t0
     result.update(bytes_summary(ctx, nodes))
     return result
@@ -290,7 +292,7 @@ def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], held: dict[
         for rows in [held[party]]
     ]
     scores = {}
-    for reply in ctx.send_and_receive(messages):
+    for reply in ctx.send_and_receive(messages, phase="trainer selection"):
         if reply.has_error():
             continue  # a party that does not answer does not vote
         m = reply.content[wire.METRICS]
@@ -301,7 +303,8 @@ def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], held: dict[
 
 
 def return_round(ctx: RunContext, selection: Selection, parties: list[int]) -> dict:
-    """query "personalize": the model goes back to every party, which recalibrates it on its own data.
+    """query "personalize": the model goes back to `parties` (`return-parties` of them), each recalibrates it on
+    its own data.
     Each reports the test accuracy of the model it ends up with (a simulation measurement: the party
     scores it on the server's test split)."""
     record = ArrayRecord(selection.model.cpu().state_dict())
@@ -312,7 +315,7 @@ def return_round(ctx: RunContext, selection: Selection, parties: list[int]) -> d
         for node in _party_nodes(ctx, parties).values()
     ]
     accuracy = {}
-    for reply in ctx.send_and_receive(messages):
+    for reply in ctx.send_and_receive(messages, phase="model return"):
         if not reply.has_error():
             accuracy[int(reply.content[wire.METRICS][wire.PARTY])] = float(reply.content[wire.METRICS]["accuracy"])
     summary = party_summary(accuracy)

@@ -139,7 +139,11 @@ def assert_events_in_order(events: list[dict], settings, parties: int) -> None:
             assert sorted(e["party"] for e in uploads) == list(range(parties))
             chosen = next(e["chosen"] for e in body if e["kind"] == "selection")
             final = ["epoch"] if chosen in ("mlp", "mlp-recal") else []
-            assert steps == ["upload", "selection-start", "epoch", "selection", *final, "returned"], steps
+            assert steps == ["upload", "selection-start", "epoch", "answers", "selection", *final, "answers",
+                             "returned"], steps
+            answers = [e for e in body if e["kind"] == "answers"]  # each round says who answered, once at its end
+            assert [(e["phase"], e["answered"], e["of"]) for e in answers] == [
+                ("trainer selection", parties, parties), ("model return", parties, parties)]
             epochs = [e for e in body if e["kind"] == "epoch"]
             assert {e["phase"] for e in epochs} == {"selection", *(["central training"] if final else [])}
             assert [e["epoch"] for e in epochs if e["phase"] == "selection"][-1] == settings.epochs

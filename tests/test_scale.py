@@ -3,6 +3,7 @@ float16 uploads round-trip within half an ulp, and the server holds one upload a
 
 from __future__ import annotations
 
+import math
 import tracemalloc
 
 import numpy as np
@@ -252,3 +253,26 @@ def test_the_console_hides_flowers_and_rays_lines_that_do_not_concern_the_run():
     ]
     assert all(NOISE.search(line) for line in hidden)
     assert not any(NOISE.search(line) for line in kept)
+
+
+def test_the_selection_and_the_return_reach_a_seeded_sample_of_the_parties(data_dir, runs_dir, one_thread):
+    """6 parties, 2 voters and 3 returns: only the voters' rows are held out and only they score the candidates;
+    the model goes back to 3 parties, sampled from the seed (the same sample each time), and results say so."""
+    from commands import inprocess
+    from fedsmix.trainers import sample_parties
+
+    overrides = {"preset": "configs/quickstart.yaml", "data-dir": data_dir, "runs-dir": runs_dir,
+                 "strategies": "mixup-union", "trainer": "ridge", "head-penalties": "0.1,10", "epochs": 1,
+                 "vote-parties": 2, "return-parties": 3, "seed": 3}
+    mix = inprocess.run(overrides, 6)["strategies"]["mixup-union"]
+    voters = sample_parties(range(6), 2, 3, "vote")
+    back = sample_parties(range(6), 3, 3, "return")
+    assert len(voters) == 2 and len(back) == 3 and back == sample_parties(range(6), 3, 3, "return")
+    assert set(mix["returned"]["per-party-accuracy"]) == {str(p) for p in back}
+    assert (mix["returned"]["sampled"], mix["returned"]["of"]) == (3, 6)
+    uploads = {int(p): v["num-examples"] for p, v in mix["parties"].items()}
+    assert mix["selection"]["held-out-rows"] == sum(math.ceil(0.1 * uploads[p]) for p in voters)
+    down = mix["bytes-down-per-node"]  # candidates went to the voters only: they received the most bytes
+    heaviest = sorted(down, key=down.get)[-2:]
+    assert sorted(inprocess.FIRST_NODE_ID + p for p in voters) == sorted(int(n) for n in heaviest)
+    assert sample_parties(range(6), 0, 3, "vote") == list(range(6)) == sample_parties(range(6), 9, 3, "vote")

@@ -56,6 +56,7 @@ from .selection import (
     fit,
     needs_public,
     party_summary,
+    sample_parties,
     score_models,
     select,
     server_public,
@@ -79,5 +80,5 @@ __all__ = [
     "Trainer", "Union", "build_model", "candidate_names", "clipped", "empty_head", "ensure_run_features", "families",
     "fit", "linear_heads", "needs_public", "party_summary", "public_covariance", "recalibrate_batchnorm",
     "score_models", "select", "server_public", "test_accuracy", "train_classifier", "train_union", "union_statistics",
-    "validation_rows", "weight_moments",
+    "sample_parties", "validation_rows", "weight_moments",
 ]

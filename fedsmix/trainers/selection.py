@@ -124,10 +124,21 @@ def fit(settings: Settings, union: Union, sample_shape: tuple[int, ...], num_cla
     return fitted
 
 
+def sample_parties(parties, k: int, seed: int, purpose: str) -> list[int]:
+    """`k` of `parties` (all of them when k is 0 or covers them), drawn from the run seed for `purpose`: a round
+    that needs a sample (the selection's votes, the model's return) costs the same at 30 or 10,000 parties."""
+    parties = sorted(int(p) for p in parties)
+    if k == 0 or k >= len(parties):
+        return parties
+    order = torch.randperm(len(parties), generator=generator(seed, purpose, "parties")).numpy()
+    return sorted(parties[i] for i in order[:k])
+
+
 def validation_rows(settings: Settings, parties: np.ndarray) -> np.ndarray:
-    """The rows held out for selection: `validation-fraction` of every party's rows (at least one), seeded."""
+    """The rows held out for selection: `validation-fraction` of each voting party's rows (at least one), seeded;
+    the voters are `vote-parties` of the parties, sampled from the seed."""
     held = []
-    for party in np.unique(parties):
+    for party in sample_parties(np.unique(parties), settings.vote_parties, settings.seed, "vote"):
         rows = np.flatnonzero(parties == party)
         k = max(1, math.ceil(settings.validation_fraction * len(rows)))
         order = torch.randperm(len(rows), generator=generator(settings.seed, int(party), "validation")).numpy()
