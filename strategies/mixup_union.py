@@ -236,6 +236,7 @@ def run(ctx: RunContext) -> dict:
         "test-loss": metrics["loss"],
         "trainer": selection.chosen,
         "selection": {"validation-accuracy": selection.validation, "held-out-rows": selection.held_out,
+                      "voters": selection.voters,
                       "noise-var": union.noise_var, "mix-scale": union.mix_scale},
         "parties-used": len(parties),
         "num-partitions": len(nodes),

@@ -184,6 +184,7 @@ class Selection:
     validation: dict[str, float]  # pooled party-validation accuracy per candidate (empty: nothing to choose)
     held_out: int  # upload rows held out for the selection (refit on every row afterwards)
     report: dict
+    voters: int = 0  # parties that scored the candidates
 
 
 def train_union(
@@ -208,7 +209,7 @@ def train_union(
     names = candidate_names(settings, public is not None)
     if not names:
         raise ValueError(f"trainer {settings.trainer!r}: no candidate can be trained without the public set")
-    validation, held = {}, np.empty(0, dtype=np.int64)
+    validation, held, scores = {}, np.empty(0, dtype=np.int64), {}
     if len(names) > 1:
         if score is None:
             raise ValueError(f"trainer {settings.trainer!r} has {len(names)} candidates and nobody to score them")
@@ -225,4 +226,5 @@ def train_union(
     else:
         chosen = names[0]
     final = fit(settings, union, sample_shape, num_classes, device, [chosen], public, **train_options)
-    return Selection(chosen, final.models[chosen], validation, len(held), final.reports.get(chosen, {}))
+    return Selection(chosen, final.models[chosen], validation, len(held), final.reports.get(chosen, {}),
+                     voters=len(scores))

@@ -1,0 +1,87 @@
+"""Benchmark: the cost of one more party. mixup-union on MNIST, IID partitions, 2 epochs, through `fedsmix run`
+(Flower's simulation engine behind `flwr run`, as a user runs it) at each party count, one after another.
+
+Per run: wall seconds end to end, the split by phase read from the run's progress.jsonl (start: the `flwr` CLI,
+SuperLink, Ray and the parties' cold start until every hello answered; uploads; selection; central training; the
+model's return; the rest), seconds per party of the upload phase, and the peak memory of the process tree.
+
+    .venv/bin/python benchmarks/party_cost.py [--parties 100,1000] [--epochs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from common import DATA_DIR, PROJECT, TreeMemorySampler, write
+
+from commands.federation import DEFAULT_FEDERATION
+from commands.launch import flower_env, flwr_run, free_port, superlink_pids
+from fedsmix.progress import read_events
+
+RUNS = PROJECT / "benchmarks" / "runs"
+
+
+def settings_for(epochs: int) -> dict:
+    return {"preset": "configs/quickstart.yaml", "dataset": "mnist", "partitioner": "iid",
+            "strategies": "mixup-union", "epochs": epochs, "data-dir": DATA_DIR, "runs-dir": str(RUNS),
+            "run-name": "party-cost", "tensorboard": False}
+
+
+def phases(events: list[dict]) -> dict[str, float]:
+    """Seconds between the run's milestones (each event's `clock`: seconds since the run started)."""
+    def first(kind: str, **match) -> float | None:
+        return next((e["clock"] for e in events if e["kind"] == kind
+                     and all(e.get(k) == v for k, v in match.items())), None)
+
+    def last(kind: str) -> float | None:
+        return next((e["clock"] for e in reversed(events) if e["kind"] == kind), None)
+
+    marks = [("hello", first("strategy-start")), ("uploads", first("selection-start") or first("epoch")),
+             ("selection", last("selection")), ("central training", first("answers", phase="model return")),
+             ("model return", first("returned")), ("rest", last("run-end"))]
+    out, before = {}, 0.0
+    for name, at in marks:
+        if at is not None:
+            out[name], before = round(at - before, 2), at
+    return out
+
+
+def one_run(overrides: dict, parties: int) -> dict:
+    ports = (free_port(), free_port())
+    home = PROJECT / "benchmarks" / ".flwr"
+    env = flower_env(home, ports)
+    t0 = time.perf_counter()
+    with TreeMemorySampler(extra_roots=lambda: superlink_pids(env)) as memory:
+        run = flwr_run(overrides, parties, DEFAULT_FEDERATION, flwr_home=home, ports=ports, echo=False)
+    seconds = time.perf_counter() - t0
+    if not run.ok:
+        raise SystemExit(f"flwr run failed at {parties} parties ({run.status}):\n{run.output[-3000:]}")
+    results = json.loads((RUNS / "latest" / "results.json").read_text())
+    mix = results["strategies"]["mixup-union"]
+    split = phases(read_events(RUNS / "latest" / "progress.jsonl"))
+    split["outside the ServerApp (flwr CLI, SuperLink, Ray)"] = round(seconds - (split and sum(split.values())), 2)
+    row = {"parties": parties, "wall-seconds": round(seconds, 1), "accuracy": mix["accuracy"],
+           "upload-seconds-per-party": round(mix["upload-seconds"] / parties, 4), "phases-seconds": split,
+           "voters": mix["selection"].get("voters"), "returned": (mix.get("returned") or {}).get("sampled"),
+           "memory": memory.report()}
+    print(f"{parties} parties: {seconds:.1f} s, {row['upload-seconds-per-party']:.3f} s/party uploading, "
+          f"accuracy {mix['accuracy']:.4f}, phases {split}", flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parties", default="100,1000")
+    parser.add_argument("--epochs", type=int, default=2)
+    args = parser.parse_args()
+    overrides = settings_for(args.epochs)
+    rows = [one_run(overrides, int(p)) for p in args.parties.split(",")]
+    write("party_cost", {"command": f"benchmarks/party_cost.py --parties {args.parties} --epochs {args.epochs}",
+                         "settings": overrides, "engine": "fedsmix run (flwr run, Flower's simulation engine)",
+                         "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
