@@ -76,9 +76,9 @@ def collect_uploads(
     """
     expect, parties, rejected, dropped = expectation(ctx), {}, [], []
     evidence: dict[int, Evidence] = {}
-    stored, seen, answered = set(store.parties()), set(store.parties()), set()
+    stored, seen, answered, expected = set(store.parties()), set(store.parties()), set(), set(nodes)
     for reply in replies:
-        node = source_node(ctx, reply, nodes)
+        node = source_node(ctx, reply, expected)
         answered.add(node)
         if reply.has_error():
             dropped.append(dropped_record(ctx, node, reply.error.reason))
