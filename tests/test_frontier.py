@@ -201,3 +201,41 @@ def test_reuse_takes_finished_rows_with_the_same_settings_only(tmp_path):
     assert reused[1]["strategies"]["fedavg"]["global-model"] == str(model)
     with pytest.raises(SettingsError, match="--reuse"):
         reused_runs(tmp_path / "nowhere", rows, settings, plan)
+
+
+def test_frontiers_at_several_seeds_report_mean_and_interval(tmp_path):
+    """No training: two rows at three seeds, each run_frontier summary made up."""
+    from commands.frontier.report import over_seeds, write_seeds
+
+    def summary(seed, fedavg_acc, fedavg_gain, tau_acc):
+        def rec(name, acc, gain, attack, bytes_up):
+            return {"strategy": name, "space": "pixels", "accuracy": acc, "attack": attack, "snr_db": gain - 5,
+                    "ssim": 0.1, "gain_snr_db": gain, "gain_psnr_db": gain, "gain_ssim": 0.0, "best_ssim": 0.2,
+                    "gain_vs_party_mean_db": -1.0, "bytes_up_per_party": bytes_up, "wall_seconds": 2.0}
+
+        return {"settings": {"seed": seed}, "run-dir": f"/runs/seed{seed}",
+                "meta": {"dataset": "mnist", "budget": "tiny budget.", "threat-model": "oracle pairing"},
+                "records": [rec("fedavg", fedavg_acc, fedavg_gain, "gradient", 1000.0),
+                            rec("singularized-tau1e-2", tau_acc, 0.5, "trivial guess" if seed else "mmse", 2000.0)]}
+
+    summaries = [summary(0, 0.80, 10.0, 0.70), summary(1, 0.82, 12.0, 0.72), summary(2, 0.84, 14.0, 0.74)]
+    fedavg, tau = over_seeds(summaries)
+    assert fedavg["n"] == 3 and fedavg["stats"]["accuracy"].mean == pytest.approx(0.82)
+    assert fedavg["stats"]["gain_snr_db"].half == pytest.approx(4.302653 * 2 / 3 ** 0.5, abs=1e-5)  # s = 2
+    assert fedavg["values"]["gain_snr_db"] == {0: 10.0, 1: 12.0, 2: 14.0}
+    assert tau["attack"] == "mmse; trivial guess" and fedavg["dominated_by"] == tau["dominated_by"] == ""
+    write_seeds(tmp_path, summaries)
+    table = (tmp_path / "frontier-seeds.md").read_text()
+    assert "mean ± 95 % CI over 3 seeds (0, 1, 2)" in table
+    assert "| fedavg | pixels | 3 | 82.00 ± 4.97 | gradient | 7.00 ± 4.97 |" in table
+    rows = list(csv.DictReader((tmp_path / "frontier-seeds.csv").open()))
+    assert [r["strategy"] for r in rows] == ["fedavg", "singularized-tau1e-2"] and rows[0]["seeds"] == "0;1;2"
+    assert float(rows[0]["accuracy_ci_low"]) == pytest.approx(0.82 - 4.302653 * 0.02 / 3 ** 0.5, abs=1e-6)
+    detail = json.loads((tmp_path / "frontier-seeds.json").read_text())
+    acc = detail["rows"][1]["columns"]["accuracy"]
+    assert acc["values"] == pytest.approx([0.70, 0.72, 0.74]) and acc["seeds"] == [0, 1, 2] and acc["n"] == 3
+    assert detail["runs"]["2"] == "/runs/seed2"
+    one = over_seeds(summaries[:1])
+    assert one[0]["stats"]["accuracy"].half is None
+    assert "one seed (seed 0), no interval" in (write_seeds(tmp_path, summaries[:1]) and
+                                                 (tmp_path / "frontier-seeds.md").read_text())

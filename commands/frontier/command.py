@@ -17,8 +17,22 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     plan = parse_sets(args.plan)
     if args.parties:
         plan["parties"] = args.parties
-    summary = run_frontier(args.preset, overrides, plan, reuse=args.reuse or None)
-    print(f"frontier written to {summary['run-dir']} (frontier.md, frontier.csv, frontier.png)")
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()] if args.seeds else []
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seeds: a seed is given twice ({args.seeds})")
+    summaries = []
+    for seed in seeds or [None]:  # each seed a whole frontier: its partitions, initialisation, victims and attacks
+        given = overrides if seed is None else {**overrides, "seed": seed}
+        summaries.append(run_frontier(args.preset, given, plan, reuse=args.reuse or None))
+        print(f"frontier written to {summaries[-1]['run-dir']} (frontier.md, frontier.csv, frontier.png)")
+    if len(summaries) > 1:
+        from pathlib import Path
+
+        from .report import write_seeds
+
+        out = Path(summaries[-1]["run-dir"])
+        write_seeds(out, summaries)
+        print(f"over seeds {args.seeds}: {out / 'frontier-seeds.md'} (mean and 95 % interval per row)")
     return 0
 
 
@@ -41,5 +55,9 @@ def register(subparsers) -> None:
         default="",
         metavar="DIR",
         help="an earlier frontier's directory: its finished rows with the same settings are not run again",
+    )
+    frontier.add_argument(
+        "--seeds", default="", metavar="S,S,...",
+        help="run the whole frontier once per seed, then frontier-seeds.md: each row's mean and 95 %% interval",
     )
     frontier.set_defaults(func=cmd_frontier)

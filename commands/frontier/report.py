@@ -1,12 +1,15 @@
-"""The frontier's outputs: a markdown table, CSVs, a scatter plot and a reconstruction panel."""
+"""The frontier's outputs: a markdown table, CSVs, a scatter plot and a reconstruction panel; and, over several
+frontiers of one preset at different seeds, every row's mean and 95 % interval (`write_seeds`)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import torch
 
+from fedsmix import tables
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.tables import fmt as _f
 from fedsmix.tables import write_csv
@@ -194,6 +197,109 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
                 f"| {_f(r['best_ssim'], '.3f')} | {_f(r['attack_seconds'], '.0f')} |"
             )
     return "\n".join(lines) + "\n"
+
+
+#: the columns a frontier over seeds reports as mean ± 95 % interval: accuracy, leakage, cost
+SEED_COLUMNS = ("accuracy", "snr_db", "ssim", "gain_snr_db", "gain_psnr_db", "gain_ssim", "best_ssim",
+                "gain_vs_party_mean_db", "bytes_up_per_party", "wall_seconds")
+LEVEL = 0.95
+
+
+def over_seeds(summaries: list[dict]) -> list[dict]:
+    """Frontiers of one preset at different seeds (each run_frontier's summary: its `settings` name the seed) -> one
+    record per row, in the first frontier's order: space, seeds, n (the seeds the row finished), the strongest
+    attack at each seed, `stats` (each SEED_COLUMNS' Interval) and `values` (column -> seed -> value). A seed
+    draws the partitions, the initialisation and the victims (the victim party's first samples), so the
+    leakage interval covers which samples are attacked too. `dominated_by` compares the means."""
+    runs: dict[str, list[tuple[int, dict]]] = {}
+    for summary in summaries:
+        seed = summary["settings"]["seed"]
+        for r in summary["records"]:
+            runs.setdefault(r["strategy"], []).append((seed, r))
+    out = []
+    for name, seeded in runs.items():
+        done = [(seed, r) for seed, r in seeded if not r.get("error") and r.get("accuracy") is not None]
+        record: dict = {"strategy": name, "space": _space(seeded[0][1]), "seeds": [seed for seed, _ in seeded],
+                        "n": len(done), "attack": "; ".join(dict.fromkeys(r["attack"] for _, r in done)) or "-",
+                        "stats": {}, "values": {}}
+        for column in SEED_COLUMNS:
+            pairs = [(seed, r[column]) for seed, r in done
+                     if isinstance(r.get(column), int | float) and math.isfinite(r[column])]
+            if interval := tables.interval([v for _, v in pairs], LEVEL):
+                record["stats"][column], record["values"][column] = interval, dict(pairs)
+        out.append(record)
+    means = [{"strategy": r["strategy"], "space": r["space"],
+              **{c: (r["stats"][c].mean if c in r["stats"] else None)
+                 for c in ("accuracy", "gain_snr_db", "bytes_up_per_party")}} for r in out]
+    ranked = [m for m in means if m["gain_snr_db"] is not None and m["bytes_up_per_party"] is not None]
+    dominated_by(ranked)
+    for record, mean in zip(out, means):
+        record["dominated_by"] = mean.get("dominated_by", "")
+    return out
+
+
+def seeds_markdown(records: list[dict], summaries: list[dict]) -> str:
+    """The frontier table over seeds: every accuracy, leakage and cost cell a mean ± 95 % interval."""
+    meta, seeds = summaries[0]["meta"], [s["settings"]["seed"] for s in summaries]
+    most = max((r["n"] for r in records), default=1)
+
+    def cell(r: dict, column: str, spec: str, scale: float = 1.0) -> str:
+        iv = r["stats"].get(column)
+        text = tables.ci(iv, spec, scale)
+        return text + (f" (n={iv.n})" if iv is not None and iv.n < most else "")
+
+    lines = [
+        f"# Privacy-utility-cost frontier over seeds: {meta['dataset']}",
+        "",
+        f"Every cell: {tables.ci_caption([r['n'] for r in records], LEVEL, seeds)}; one frontier per seed (its "
+        "own partitions, initialisation and victims), the strongest attack chosen per seed. Budget of each "
+        f"frontier (seed {seeds[0]}'s): {meta['budget']}",
+        "",
+        f"Threat model of the upload attacks: {meta.get('threat-model', 'oracle pairing')}; model updates: the "
+        "party's own update with its labels known. Dominated by: on the seed means, within a space.",
+        "",
+        "| strategy | space | n | test acc % | strongest attack (per seed) | SNR dB | SSIM | gain SNR dB "
+        "| gain PSNR dB | gain SSIM | best-image SSIM | gain vs party mean dB | bytes up/party | wall s "
+        "| dominated by |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in records:
+        lines.append(
+            f"| {r['strategy']} | {r['space']} | {r['n']} | {cell(r, 'accuracy', '.2f', 100)} | {r['attack']} "
+            f"| {cell(r, 'snr_db', '.2f')} | {cell(r, 'ssim', '.3f')} | {cell(r, 'gain_snr_db', '+.2f')} "
+            f"| {cell(r, 'gain_psnr_db', '+.2f')} | {cell(r, 'gain_ssim', '+.3f')} | {cell(r, 'best_ssim', '.3f')} "
+            f"| {cell(r, 'gain_vs_party_mean_db', '+.2f')} | {cell(r, 'bytes_up_per_party', ',.0f')} "
+            f"| {cell(r, 'wall_seconds', '.1f')} | {r['dominated_by'] or '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_seeds(out: Path, summaries: list[dict]) -> list[str]:
+    """frontier-seeds.md, frontier-seeds.csv (per row: n, seeds, each column's mean, ci-low, ci-high) and
+    frontier-seeds.json (the same with every seed's value, and each seed's frontier directory)."""
+    records = over_seeds(summaries)
+    flat = []
+    for r in records:
+        row = {k: r[k] for k in ("strategy", "space", "n", "attack", "dominated_by")}
+        row["seeds"] = ";".join(str(seed) for seed in r["seeds"])
+        for column in SEED_COLUMNS:
+            iv = r["stats"].get(column)
+            row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"] = (
+                (iv.mean, iv.low, iv.high) if iv else (None, None, None))
+        flat.append(row)
+    columns = ["strategy", "space", "n", "seeds", "attack",
+               *[f"{c}{end}" for c in SEED_COLUMNS for end in ("", "_ci_low", "_ci_high")], "dominated_by"]
+    files = [write_csv(out / "frontier-seeds.csv", flat, columns)]
+    atomic_write_bytes(out / "frontier-seeds.md", seeds_markdown(records, summaries).encode())
+    detail = {
+        "seeds": [s["settings"]["seed"] for s in summaries], "level": LEVEL,
+        "runs": {str(s["settings"]["seed"]): s.get("run-dir") for s in summaries},
+        "rows": [{**{k: v for k, v in r.items() if k not in ("stats", "values")},
+                  "columns": {c: {**iv.as_dict(), "seeds": list(r["values"][c])} for c, iv in r["stats"].items()}}
+                 for r in records],
+    }
+    atomic_write_bytes(out / "frontier-seeds.json", json.dumps(detail, indent=1, default=str).encode())
+    return [str(f) for f in files] + [str(out / "frontier-seeds.md"), str(out / "frontier-seeds.json")]
 
 
 FAMILIES = {  # marker and colour per kind of row: defences differ in kind, so each has its own

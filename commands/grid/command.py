@@ -31,7 +31,13 @@ def cmd_grid(args: argparse.Namespace) -> int:
     }
     if args.parties:
         axes["parties"] = [int(p) for p in args.parties.split(",")]
-    plan = make_plan(args.preset, sets, axes)
+    seeds = None
+    if args.seeds:
+        try:
+            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        except ValueError:
+            raise SettingsError(f"--seeds: comma-separated integers, got {args.seeds!r}") from None
+    plan = make_plan(args.preset, sets, axes, seeds)
     for cell, todo in plan.schedule():
         print(f"{cell.id}: {', '.join(todo) or '(all results reused)'}")
     if args.dry_run:
@@ -53,7 +59,8 @@ def cmd_grid(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     grid = subparsers.add_parser(
-        "grid", help="run a preset's grid (strategies x parties x seeds x axes) through Flower simulation"
+        "grid", help="run a preset's grid (strategies x parties x axes, each cell once per seed) through Flower "
+        "simulation"
     )
     grid.add_argument(
         "--preset", required=True, help="YAML preset with a `grid:` block, e.g. configs/table4-cifar10.yaml"
@@ -63,6 +70,11 @@ def register(subparsers) -> None:
     )
     grid.add_argument("--axis", action="append", default=[], metavar="KEY=V1,V2", help="replace or add an axis")
     grid.add_argument("--parties", default="", help="comma-separated party counts (replaces the preset's)")
+    grid.add_argument(
+        "--seeds", default="", metavar="S1,S2,...",
+        help="run every cell once per seed (replaces the preset's grid seeds); the tables give each cell the mean "
+        "and a 95 %% interval over its seeds",
+    )
     grid.add_argument(
         "--engine",
         choices=("simulate", "flwr", "inprocess", "direct"),

@@ -1,13 +1,17 @@
 """A grid's plan: the preset's `grid:` block -> validated cells, and which strategy each cell must run.
 
 A preset's `grid:` block names the axes: `parties` (numbers of SuperNodes) and any run setting with a
-list of values (`seed`, `tau`, `radius-mode`, ...). A strategy is not rerun for an axis it cannot
-depend on: the encoder's keys (tau, radius-mode, ...) only change mixup-union, the number of parties
-does not change the centralised bound, nor do the partition keys (`partitioner`, `dirichlet-alpha`,
-`poor-party-ratio`, ...: they change every other strategy), FedAvg/FedProx keys only change those two.
+list of values (`tau`, `radius-mode`, ...). `seeds` (or `seed`, or `--seeds`) is the replicate axis: every
+cell runs once per seed (the one `seed` setting draws the partitions, the encodings and every
+initialisation) and the report gives each table cell the mean and a 95 % interval over its seeds, never
+a row per seed. A strategy is not rerun for an axis it cannot depend on: the encoder's keys (tau,
+radius-mode, ...) only change mixup-union, the number of parties does not change the centralised bound,
+nor do the partition keys (`partitioner`, `dirichlet-alpha`, `poor-party-ratio`, ...: they change every
+other strategy), FedAvg/FedProx keys only change those two.
 
 Precedence, lowest first: schema defaults < the preset's keys < the preset's grid axes < `--axis`
-(replaces an axis) < `--set key=value` (fixes a key everywhere, collapsing its axis).
+(replaces an axis) < `--seeds` (replaces the seeds) < `--set key=value` (fixes a key everywhere, collapsing its
+axis; `--set seed=N` leaves one seed).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ PARTITION_KEYS = frozenset(
     {"partitioner", "dirichlet-alpha", "classes-per-party", "min-partition-size", "poor-party-ratio", "poor-party"}
 )
 PLOTS = ("parties", "snr-bound")
+SEED = "seed"  # the replicate axis: a cell's runs at each seed are one table cell's samples, not rows
 
 
 def depends_on(strategy: str, key: str) -> bool:
@@ -66,6 +71,16 @@ class Cell:
         parts = [f"p{self.parties}"] + [f"{k}={v}" for k, v in self.values]
         return "_".join(parts).replace("/", "-")
 
+    @property
+    def seed(self) -> int | None:
+        """This run's seed when the grid has a seed axis (else the preset's seed applies)."""
+        return dict(self.values).get(SEED)
+
+    @property
+    def table_id(self) -> str:
+        """The table cell this run is a replicate of: the id without its seed."""
+        return Cell(self.parties, tuple((k, v) for k, v in self.values if k != SEED)).id
+
     def overrides(self) -> dict[str, Any]:
         return dict(self.values)
 
@@ -86,6 +101,11 @@ class GridPlan:
 
     def strategies(self) -> tuple[str, ...]:
         return load_settings(self.base).strategies
+
+    @property
+    def seeds(self) -> list[int]:
+        """The replicates of every cell: the seed axis, else the one seed of the preset (and `--set`)."""
+        return list(self.axes.get(SEED) or [load_settings(self.base).seed])
 
     def schedule(self) -> list[tuple[Cell, list[str]]]:
         """Each cell with the strategies it must run (first cell of each signature runs it)."""
@@ -109,11 +129,32 @@ def _list(key: str, value: Any) -> list[Any]:
     return values
 
 
-def make_plan(preset: str, sets: dict[str, Any] | None = None, axes: dict[str, list[Any]] | None = None) -> GridPlan:
-    """Preset + overrides -> validated cells (every cell's settings are checked before anything runs)."""
+def _seeds(where: str, value: Any) -> list[int]:
+    values = _list(SEED, value)
+    bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or v < 0]
+    if bad:
+        raise SettingsError(f"{where}: seeds are integers >= 0, got {bad[0]!r}")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise SettingsError(f"{where}: seed {twice[0]} given twice (each seed is one replicate)")
+    return values
+
+
+def make_plan(
+    preset: str,
+    sets: dict[str, Any] | None = None,
+    axes: dict[str, list[Any]] | None = None,
+    seeds: list[int] | None = None,
+) -> GridPlan:
+    """Preset + overrides -> validated cells (every cell's settings are checked before anything runs).
+    `seeds` (`--seeds`) replaces the replicate axis (the grid block's `seeds:` or `seed:`, `--axis seed=`)."""
     path = resolve_preset(preset)
     data = yaml.safe_load(path.read_text()) or {}
     grid = dict(data.get("grid") or {})
+    if "seeds" in grid:
+        if SEED in grid:
+            raise SettingsError("grid: give the replicate seeds once, as `seeds:` or as `seed:`, not both")
+        grid = {(SEED if k == "seeds" else k): v for k, v in grid.items()}
     plot = str(grid.pop("plot", "parties"))
     if plot not in PLOTS:
         raise SettingsError(f"grid.plot: {plot!r} unknown; allowed: {', '.join(PLOTS)}")
@@ -127,12 +168,21 @@ def make_plan(preset: str, sets: dict[str, Any] | None = None, axes: dict[str, l
         if key != "parties" and key not in KEYS:
             raise SettingsError(f"--axis: unknown key {key!r}; allowed: parties, {', '.join(KEYS)}")
         grid_axes[key] = _list(key, values)
+    if seeds is not None:
+        grid_axes[SEED] = list(seeds)
+    if SEED in grid_axes:  # the replicate axis sits next to `parties` in a cell's id: p10_seed=0_tau=...
+        grid_axes[SEED] = _seeds("--seeds" if seeds is not None else "grid.seeds", grid_axes[SEED])
+        others = {k: v for k, v in grid_axes.items() if k not in ("parties", SEED)}
+        grid_axes = {"parties": grid_axes["parties"], SEED: grid_axes[SEED], **others}
     sets = dict(sets or {})
     if "parties" in sets:
         grid_axes["parties"] = _list("parties", sets.pop("parties"))
     for key in sets:  # an explicit override fixes the key everywhere
         grid_axes.pop(key, None)
     for key in table_rows:
+        if key in (SEED, "seeds"):
+            raise SettingsError("grid.table-rows: seeds are replicates, not rows: every cell reports the mean and "
+                                "interval over its seeds")
         if key not in grid_axes and key not in sets:
             raise SettingsError(f"grid.table-rows: {key!r} is not an axis of this grid ({', '.join(grid_axes)})")
     table_rows = tuple(k for k in table_rows if k in grid_axes)
@@ -148,6 +198,8 @@ def make_plan(preset: str, sets: dict[str, Any] | None = None, axes: dict[str, l
         settings = load_settings({**base, **cell.overrides()})  # fail now, naming the key, not hours later
         check_poor_party(settings.partitioner, settings.poor_party, parties, where=f" in cell {cell.id}")
         cells.append(cell)
+    if SEED in grid_axes:  # one whole pass per seed: an interrupted grid has every table cell at the first seeds
+        cells.sort(key=lambda c: grid_axes[SEED].index(c.seed))
     return GridPlan(str(preset), path.stem, base, grid_axes, plot, table_rows, cells)
 
 

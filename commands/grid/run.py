@@ -154,7 +154,8 @@ class GridRun:
         return self.out
 
     def rows(self) -> list[dict[str, Any]]:
-        out = []
+        """One row per run (cell, seed and strategy); the report aggregates a table cell's seeds."""
+        out, seed = [], self.plan.seeds[0]
         for cell in self.plan.cells:
             for strategy in self.plan.strategies():
                 summary = self.done.get(cell.signature(strategy)) or self.failed.get(cell.signature(strategy))
@@ -164,7 +165,9 @@ class GridRun:
                     {
                         **summary,
                         "cell": cell.id,
+                        "table-cell": cell.table_id,
                         "parties": cell.parties,
+                        "seed": seed,  # the preset's, unless the grid has a seed axis
                         **cell.overrides(),
                         "trainer-chosen": summary.get("trainer"),  # the cell's `trainer` axis would hide it
                         "strategy": strategy,
@@ -182,4 +185,4 @@ class GridRun:
         """Tables, CSV and plot of this plan's finished cells (`--report`: grid.json is left as it is)."""
         rows = self.rows()
         if rows:
-            report.write_all(self.out, self.plan, rows)
+            report.write_all(self.out, self.plan, rows, self.engine)
