@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 PROJECT = Path(__file__).resolve().parent.parent
-SHARED_DATA = PROJECT.parent / "shared" / "data"
+SLICES = Path(__file__).resolve().parent / "data" / "slices"  # committed; cut by tests/data/make_slices.py
+FULL_DATA = ("mnist.npz", "cifar10.npz", "tinyimagenet32.npz")  # the whole archives the slices are cut from
 TOYS = Path(__file__).resolve().parent / "toys"  # plugin modules of toy extensions (`plugins` setting)
 
 # importable here and in every process a run starts (Ray's workers, a SuperNode): plugins load on both sides
@@ -19,12 +20,47 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOYS), os.environ.g
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 
+# The tests read the committed slices, also where a test names no data-dir: the tool's own default ($FEDSMIX_DATA_DIR)
+# points at them here and in every process a test starts (a CLI, Ray's workers, a SuperNode). The user's own value
+# is kept for `full_data_dir`, which finds the whole archives by the tool's rules without this override.
+DATA_DIR_BEFORE_TESTS = "FEDSMIX_DATA_DIR_BEFORE_TESTS"
+os.environ.setdefault(DATA_DIR_BEFORE_TESTS, os.environ.get("FEDSMIX_DATA_DIR", ""))  # xdist workers inherit it
+os.environ["FEDSMIX_DATA_DIR"] = str(SLICES)
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> str:
-    if not (SHARED_DATA / "mnist.npz").exists():
-        pytest.fail(f"real data expected in {SHARED_DATA} (see ../shared/data/README.md)")
-    return str(SHARED_DATA)
+    """The small real slices committed under tests/data/slices (a valid `data-dir`): every test that does not need
+    whole data sets reads these, in CI and in a bare clone alike, so both see the same data and the same numbers."""
+    missing = [name for name in FULL_DATA if not (SLICES / name).is_file()]
+    if missing:
+        pytest.fail(f"{SLICES}: {', '.join(missing)} missing; they are committed (git checkout tests/data/slices) "
+                    "and `python tests/data/make_slices.py` cuts them again from the full archives")
+    return str(SLICES)
+
+
+@pytest.fixture(scope="session")
+def full_data_dir() -> str:
+    """The whole data sets, for a test whose point needs them: found by the tool's own data-dir rules
+    (fedsmix.data.default_data_dir: $FEDSMIX_DATA_DIR, else ../shared/data beside the project, else
+    ~/.cache/fedsmix/data); a clone without them fails here saying what to fetch and where to put it."""
+    from fedsmix.data import DATA_DIR_ENV, default_data_dir
+
+    with pytest.MonkeyPatch.context() as env:  # the rules as the user has them, without the slices' override
+        env.delenv(DATA_DIR_ENV, raising=False)
+        root = default_data_dir(os.environ[DATA_DIR_BEFORE_TESTS])
+    missing = [name for name in FULL_DATA if not (root / name).is_file()]
+    if missing:
+        pytest.fail(
+            f"this test needs the whole data sets: {', '.join(missing)} not found in {root} (the tool's data dir: "
+            f"${DATA_DIR_ENV}, else ../shared/data beside the project, where this repository's CI keeps them, else "
+            "~/.cache/fedsmix/data). Fetch the published uint8 archives into that folder, or point "
+            f"${DATA_DIR_ENV} at a folder holding them: mnist.npz and cifar10.npz (x_train, y_train, x_test, "
+            "y_test), tinyimagenet32.npz (x, y, wnids, words: the 10,000 Tiny-ImageNet validation images at 32 px); "
+            "README.md, section Data, describes them, tests/data/make_slices.py lists their sha256",
+            pytrace=False,
+        )
+    return str(root)
 
 
 @pytest.fixture

@@ -27,17 +27,24 @@ def test_loading_twice_gives_the_same_tensors():
 
 def test_mnist_from_data_dir_matches_readme(data_dir):
     test = data.load_split("mnist", "test", data_dir)
-    assert test.images.shape == (10000, 1, 28, 28) and test.images.dtype == np.uint8
+    with np.load(f"{data_dir}/mnist.npz") as archive:
+        rows = len(archive["y_test"])
+    assert test.images.shape == (rows, 1, 28, 28) and test.images.dtype == np.uint8  # every row, N C H W
     assert test.labels[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
-    x, _ = data.normalized_tensors(test, np.arange(2000))
-    assert abs(float(data.to_unit(test.images[:2000], test.spec).mean()) - 0.1307) < 0.01
+    x, _ = data.normalized_tensors(test, np.arange(1000))
+    train = data.load_split("mnist", "train", data_dir)
+    assert abs(float(data.to_unit(train.images, train.spec).mean()) - 0.1307) < 0.01  # the spec's train mean
     lo, hi = data.valid_range(test.spec)
     assert x.min() >= lo.min() - 1e-5 and x.max() <= hi.max() + 1e-5
 
 
 def test_cifar10_channel_order(data_dir):
     test = data.load_split("cifar10", "test", data_dir)
-    assert test.images.shape == (10000, 3, 32, 32)
+    with np.load(f"{data_dir}/cifar10.npz") as archive:
+        stored = archive["x_test"]  # N H W C, as the archive keeps it
+    assert test.images.shape == (len(stored), 3, 32, 32)
+    for c in range(3):  # channel c of each stored pixel is plane c, the rows and columns where they were
+        assert np.array_equal(test.images[:, c], stored[..., c]), c
     assert test.labels[:10].tolist() == [3, 8, 8, 0, 6, 6, 1, 6, 3, 1]
 
 

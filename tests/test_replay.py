@@ -7,6 +7,8 @@ What holds where (docs/reliability.md, "Reproducibility"):
   kernels (AVX2 and AVX-512: every x86-64 CPU that PyTorch dispatches to a vector kernel). PyTorch's scalar
   kernels (`ATEN_CPU_CAPABILITY=default`, CPUs without AVX2) draw Gaussians and resize images with other
   roundings (ulps): there the uploads agree with the record's sketch within 1e-5, labels bit for bit.
+  instahide-cross mixes in the public pool, the committed Tiny-ImageNet slice (tests/data/slices): its upload records
+  were re-recorded there by the code that, on the whole archive, still gave the pre-refactor bytes (checked first).
 - Trained weights: bit-identical for the same seed on the same machine (each model is trained twice here);
   against the record, within 1 % relative distance (sketches, `fedsmix.training.sketch`) and 2 test images of
   accuracy. Measured across kernel levels on one AVX-512 CPU: at most 0.12 % apart (local-only, 2 epochs with
@@ -82,6 +84,22 @@ def test_uploads_are_the_recorded_bytes(data_dir, encoder):
         assert _distance(sketch([upload.arrays["x"]]), RECORDED["upload-sketches"][key]) <= UPLOAD_TOLERANCE, key
         if exact:
             assert _sha(upload.arrays["x"], upload.arrays["y"]) == RECORDED["uploads"][key], key
+
+
+@pytest.mark.slow
+def test_instahide_cross_uploads_are_the_bytes_recorded_on_the_whole_public_set(full_data_dir):
+    """The record made before the refactors, on the whole Tiny-ImageNet archive (the fast tier's slice has another
+    public pool, so its instahide-cross records differ)."""
+    import torch
+
+    settings = _settings(full_data_dir, encoder="instahide-cross", **{"mix-k": 4})
+    for party in range(RECORDED["parties"]):
+        upload = prepare_upload(settings, party, RECORDED["parties"])
+        key = f"instahide-cross/{party}"
+        recorded = RECORDED["upload-sketches-whole-public-set"][key]
+        assert _distance(sketch([upload.arrays["x"]]), recorded) <= UPLOAD_TOLERANCE, key
+        if torch.backends.cpu.get_cpu_capability() in VECTOR_KERNELS:
+            assert _sha(upload.arrays["x"], upload.arrays["y"]) == RECORDED["uploads-whole-public-set"][key], key
 
 
 @pytest.mark.parametrize("strategy", ["mixup-union", "fedavg", "fedprox", "centralized"])
