@@ -111,19 +111,35 @@ def test_under_large_known_noise_the_noise_aware_trainers_beat_the_mlp():
     assert accuracy["auto"] > accuracy["mlp"] + 0.2
 
 
-def test_selection_never_reads_the_test_split(monkeypatch):
-    settings = load_settings({"model": "mlp", "epochs": 2, "trainer": "auto", "head-penalties": "0.1,10"})
-    union, clean, _ = _synthetic_union(settings, radius=5.0, parties=2, n=200)
+def test_no_strategy_can_read_the_test_split_to_choose(data_dir, runs_dir, one_thread, monkeypatch):
+    """Through the real path (the ServerApp and the ClientApp over the in-process transport): the same run with the
+    test split's labels shifted by one class chooses the same trainer with the same validation scores and trains
+    the same weights for every strategy; only the reported test accuracies move."""
+    import clients.app
+    import server.context
+    from commands import inprocess
+    from fedsmix import space
 
-    def refuse(name, split, *args, **kwargs):
-        if split == "test":
-            raise AssertionError("the trainer's selection read the test split")
-        raise AssertionError(f"unexpected data load: {name}/{split}")
+    overrides = {"preset": "configs/quickstart.yaml", "data-dir": data_dir, "runs-dir": runs_dir, "epochs": 2,
+                 "rounds": 2, "strategies": "mixup-union,local-only,fedavg,fedprox", "trainer": "auto",
+                 "head-penalties": "0.1,10", "seed": 2}
+    honest = inprocess.run(overrides, 3)["strategies"]
+    real = space.load_test
 
-    monkeypatch.setattr(datalib, "load_split", refuse)
-    selection = trainers.train_union(settings, union, (32,), 4, "cpu", score=_party_scores(clean),
-                                    public=blobs(300, seed=3)[0])
-    assert selection.chosen in trainers.candidate_names(settings)
+    def shifted(settings):
+        x, y = real(settings)
+        return x, (y + 1) % 10
+
+    for module in (space, server.context, clients.app):
+        monkeypatch.setattr(module, "load_test", shifted)
+    poisoned = inprocess.run(overrides, 3)["strategies"]
+    mix, bad = honest["mixup-union"], poisoned["mixup-union"]
+    assert len(mix["selection"]["validation-accuracy"]) > 5  # a real choice among many candidates
+    assert (mix["trainer"], mix["selection"]) == (bad["trainer"], bad["selection"])
+    for name in ("mixup-union", "fedavg", "fedprox"):
+        assert honest[name]["weights-sha256"] == poisoned[name]["weights-sha256"], name
+        assert poisoned[name]["accuracy"] < honest[name]["accuracy"] - 0.5, name  # the shifted labels were read
+    assert poisoned["local-only"]["per-party-accuracy"] != honest["local-only"]["per-party-accuracy"]
 
 
 def test_a_server_without_the_public_set_skips_only_the_candidates_that_need_it(tmp_path):
