@@ -194,3 +194,21 @@ class TreeMemorySampler:
                 for r, p, c, kinds in self.peak_processes[:15]
             ],
         }
+
+
+def through_flower(overrides: dict, parties: int, runs: Path) -> tuple[float, dict, dict]:
+    """`flwr run` of `overrides` with `parties` simulated parties (Flower's simulation engine, the default
+    federation) from a fresh SuperLink: wall seconds end to end, the run's results.json, the process tree's memory."""
+    from commands.federation import DEFAULT_FEDERATION
+    from commands.launch import flower_env, flwr_run, free_port, superlink_pids
+
+    ports = (free_port(), free_port())
+    home = PROJECT / "benchmarks" / ".flwr"
+    env = flower_env(home, ports)
+    t0 = time.perf_counter()
+    with TreeMemorySampler(extra_roots=lambda: superlink_pids(env)) as memory:
+        run = flwr_run(overrides, parties, DEFAULT_FEDERATION, flwr_home=home, ports=ports, echo=False)
+    seconds = time.perf_counter() - t0
+    if not run.ok:
+        raise SystemExit(f"flwr run failed at {parties} parties ({run.status}):\n{run.output[-3000:]}")
+    return seconds, json.loads((runs / "latest" / "results.json").read_text()), memory.report()

@@ -12,14 +12,12 @@ weights (the digest is compared). Target: Flower run <= 1.3x in-process.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
-from common import DATA_DIR, PROJECT, TreeMemorySampler, write
+from common import DATA_DIR, PROJECT, write
+from common import through_flower as flower_run
 
 from commands import inprocess
-from commands.federation import DEFAULT_FEDERATION
-from commands.launch import flower_env, flwr_run, free_port, superlink_pids
 
 RUNS = PROJECT / "benchmarks" / "runs"
 
@@ -45,23 +43,13 @@ def in_process(overrides: dict, parties: int) -> dict:
 
 
 def through_flower(overrides: dict, parties: int) -> dict:
-    ports = (free_port(), free_port())
-    home = PROJECT / "benchmarks" / ".flwr"
-    env = flower_env(home, ports)
-    federation = DEFAULT_FEDERATION
-    t0 = time.perf_counter()
-    with TreeMemorySampler(extra_roots=lambda: superlink_pids(env)) as memory:
-        run = flwr_run(overrides, parties, federation, flwr_home=home, ports=ports, echo=False)
-    seconds = time.perf_counter() - t0
-    if not run.ok:
-        raise SystemExit(f"flwr run failed ({run.status}):\n{run.output[-3000:]}")
-    results = json.loads((RUNS / "latest" / "results.json").read_text())
+    seconds, results, memory = flower_run(overrides, parties, RUNS)
     mix = results["strategies"]["mixup-union"]
     print(
         f"flwr run: {seconds:.1f} s end to end, strategy {mix['wall-seconds']:.1f} s, accuracy {mix['accuracy']:.4f}",
         flush=True,
     )
-    return {"process-seconds": seconds, "strategy": mix, "memory": memory.report(), "run-dir": results["run-dir"]}
+    return {"process-seconds": seconds, "strategy": mix, "memory": memory, "run-dir": results["run-dir"]}
 
 
 def main() -> None:

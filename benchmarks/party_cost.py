@@ -11,13 +11,9 @@ model's return; the rest), seconds per party of the upload phase, and the peak m
 from __future__ import annotations
 
 import argparse
-import json
-import time
 
-from common import DATA_DIR, PROJECT, TreeMemorySampler, write
+from common import DATA_DIR, PROJECT, through_flower, write
 
-from commands.federation import DEFAULT_FEDERATION
-from commands.launch import flower_env, flwr_run, free_port, superlink_pids
 from fedsmix.progress import read_events
 
 RUNS = PROJECT / "benchmarks" / "runs"
@@ -49,23 +45,14 @@ def phases(events: list[dict]) -> dict[str, float]:
 
 
 def one_run(overrides: dict, parties: int) -> dict:
-    ports = (free_port(), free_port())
-    home = PROJECT / "benchmarks" / ".flwr"
-    env = flower_env(home, ports)
-    t0 = time.perf_counter()
-    with TreeMemorySampler(extra_roots=lambda: superlink_pids(env)) as memory:
-        run = flwr_run(overrides, parties, DEFAULT_FEDERATION, flwr_home=home, ports=ports, echo=False)
-    seconds = time.perf_counter() - t0
-    if not run.ok:
-        raise SystemExit(f"flwr run failed at {parties} parties ({run.status}):\n{run.output[-3000:]}")
-    results = json.loads((RUNS / "latest" / "results.json").read_text())
+    seconds, results, memory = through_flower(overrides, parties, RUNS)
     mix = results["strategies"]["mixup-union"]
     split = phases(read_events(RUNS / "latest" / "progress.jsonl"))
     split["outside the ServerApp (flwr CLI, SuperLink, Ray)"] = round(seconds - (split and sum(split.values())), 2)
     row = {"parties": parties, "wall-seconds": round(seconds, 1), "accuracy": mix["accuracy"],
            "upload-seconds-per-party": round(mix["upload-seconds"] / parties, 4), "phases-seconds": split,
            "voters": mix["selection"].get("voters"), "returned": (mix.get("returned") or {}).get("sampled"),
-           "memory": memory.report()}
+           "memory": memory}
     print(f"{parties} parties: {seconds:.1f} s, {row['upload-seconds-per-party']:.3f} s/party uploading, "
           f"accuracy {mix['accuracy']:.4f}, phases {split}", flush=True)
     return row

@@ -137,3 +137,16 @@ def forget_toys():
             table.remove(name)
     for module in [name for name in sys.modules if name.startswith("toy_")]:
         del sys.modules[module]
+
+
+@pytest.fixture
+def both_transports(one_thread):
+    """Run the same overrides through the in-process transport and Flower's simulation engine: (ours, Flower's)
+    `strategies` results."""
+    def run(overrides: dict, parties: int) -> tuple[dict, dict]:
+        from commands import inprocess
+        from commands.simulate import simulate
+
+        return inprocess.run(overrides, parties)["strategies"], simulate(overrides, parties)["strategies"]
+
+    return run

@@ -61,13 +61,9 @@ def test_a_defence_is_refused_without_its_plugin_and_a_built_in_one_by_name():
 
 
 @pytest.mark.sim
-def test_flowers_simulation_engine_trains_the_same_defended_weights(data_dir, tmp_path, one_thread):
+def test_flowers_simulation_engine_trains_the_same_defended_weights(data_dir, tmp_path, both_transports):
     """The plugin loads in every Ray actor (tests/conftest.py puts it on PYTHONPATH): the same noise, the same
     weights as the in-process transport."""
-    from commands.simulate import simulate
-
-    overrides = _overrides(data_dir, str(tmp_path / "runs"), **TOY)
-    ours = inprocess.run(overrides, 3)["strategies"]["fedavg"]
-    flower = simulate(overrides, 3)["strategies"]["fedavg"]
+    ours, flower = (run["fedavg"] for run in both_transports(_overrides(data_dir, str(tmp_path / "runs"), **TOY), 3))
     assert flower["weights-sha256"] == ours["weights-sha256"]
     assert flower["toy-noise"] == ours["toy-noise"]

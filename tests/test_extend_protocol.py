@@ -44,12 +44,8 @@ def test_the_toys_run_through_the_inprocess_transport(data_dir, runs_dir, one_th
 
 
 @pytest.mark.sim
-def test_the_toys_give_the_same_results_through_flowers_runtime(data_dir, tmp_path, one_thread):
-    from commands.simulate import simulate
-
-    overrides = _overrides(data_dir, str(tmp_path / "runs"))
-    ours = inprocess.run(overrides, 3)["strategies"]
-    flower = simulate(overrides, 3)["strategies"]
+def test_the_toys_give_the_same_results_through_flowers_runtime(data_dir, tmp_path, both_transports):
+    ours, flower = both_transports(_overrides(data_dir, str(tmp_path / "runs")), 3)
     assert ours["toy-one-round"]["weights-sha256"] == flower["toy-one-round"]["weights-sha256"]
     assert ours["mixup-union"]["weights-sha256"] == flower["mixup-union"]["weights-sha256"]
     assert ours["mixup-union"]["adversary"]["pooled"]["attacks"]["toy-mean"]["score"] == \

@@ -44,13 +44,10 @@ def test_a_trainer_is_refused_without_its_plugin():
 
 
 @pytest.mark.sim
-def test_flowers_simulation_engine_trains_the_same_toy(data_dir, tmp_path, one_thread):
+def test_flowers_simulation_engine_trains_the_same_toy(data_dir, tmp_path, both_transports):
     """The plugin loads in every Ray actor (tests/conftest.py puts it on PYTHONPATH): the same head, the same
     weights as the in-process transport."""
-    from commands.simulate import simulate
-
     overrides = _overrides(data_dir, str(tmp_path / "runs"), **TOY)
-    ours = inprocess.run(overrides, 3)["strategies"]["mixup-union"]
-    flower = simulate(overrides, 3)["strategies"]["mixup-union"]
+    ours, flower = (run["mixup-union"] for run in both_transports(overrides, 3))
     assert flower["trainer"] == ours["trainer"] == "toy-nearest-mean"
     assert flower["weights-sha256"] == ours["weights-sha256"]
