@@ -214,12 +214,13 @@ def quarantine(evidence: list[Evidence], settings: Settings) -> list[dict]:
     return verdicts
 
 
-def replays(evidence: list[Evidence]) -> list[dict]:
+def replays(evidence: list[Evidence], block: int = 32_768) -> list[dict]:
     """Uploads whose rows (nearly) repeat an earlier upload's; the earlier one is kept.
 
     A row of the later upload repeats an earlier upload when one of the earlier's rows lies within
-    DUPLICATE_DISTANCE x the later's spread (in the sketches' projected space, both on the rows' own scale). All
-    sketch rows go into one k-d tree, so a federation of 10,000 uploads is checked in one pass, not pair by pair.
+    DUPLICATE_DISTANCE x the later's spread (in the sketches' projected space, both on the rows' own scale). The
+    earlier rows go into k-d trees of `block` rows at a time, each asked for every later upload's looked-up rows: a
+    federation of 10,000 uploads is checked in a few passes, not pair by pair, in memory that does not grow with it.
     """
     from scipy.spatial import cKDTree
 
@@ -227,24 +228,38 @@ def replays(evidence: list[Evidence]) -> list[dict]:
     if len(pool) < 2:
         return []
     scale = {i: math.sqrt(max(e.energy, 1e-30)) for i, e in pool}
-    rows = np.concatenate([e.sketch.astype(np.float64) * scale[i] for i, e in pool])  # each upload on its own scale
-    owner = np.concatenate([np.full(len(e.sketch), i) for i, e in pool])
-    tree = cKDTree(rows)
+    looked = {i: e.sketch[:: max(1, len(e.sketch) // SKETCH_ROWS)][:SKETCH_ROWS] for i, e in pool}
+    matched: dict[tuple[int, int], set[int]] = {}  # (later, earlier) -> the later's looked-up rows it repeats
+    chunk: list[tuple[int, Evidence]] = []
+    for n, (i, e) in enumerate(pool):
+        chunk.append((i, e))
+        if n + 1 < len(pool) and sum(len(c.sketch) for _, c in chunk) < block:
+            continue
+        rows = np.concatenate([c.sketch.astype(np.float64) * scale[k] for k, c in chunk])  # each on its own scale
+        owner = np.concatenate([np.full(len(c.sketch), k) for k, c in chunk])
+        tree = cKDTree(rows)
+        for later, _ in pool:
+            if later <= chunk[0][0]:
+                continue  # only uploads after the chunk's first can repeat one of its uploads
+            near = tree.query_ball_point(looked[later].astype(np.float64) * scale[later],
+                                         r=DUPLICATE_DISTANCE * scale[later])
+            for row, found in enumerate(near):
+                for k in {int(owner[j]) for j in found if owner[j] < later}:
+                    matched.setdefault((later, k), set()).add(row)
+        chunk, tree, rows = [], None, None
+    by_later: dict[int, list[int]] = {}
+    for (later, k), rows in matched.items():
+        if len(rows) / len(looked[later]) >= DUPLICATE_SHARE:
+            by_later.setdefault(later, []).append(k)
     verdicts = []
-    for i, later in pool:
-        looked = later.sketch[:: max(1, len(later.sketch) // SKETCH_ROWS)][:SKETCH_ROWS].astype(np.float64) * scale[i]
-        near = tree.query_ball_point(looked, r=DUPLICATE_DISTANCE * scale[i])
-        earlier = {}  # arrival position of an earlier upload -> how many looked-up rows it repeats
-        for found in near:
-            for k in {int(owner[j]) for j in found if owner[j] < i}:
-                earlier[k] = earlier.get(k, 0) + 1
-        first = next((k for k in sorted(earlier) if earlier[k] / len(looked) >= DUPLICATE_SHARE), None)
-        if first is not None:
-            share = earlier[first] / len(looked)
+    for later, e in pool:
+        repeated = sorted(by_later.get(later, []))
+        if repeated:
+            share = len(matched[(later, repeated[0])]) / len(looked[later])
             verdicts.append(_verdict(Implausible(
-                later.party, "replay",
-                f"{100 * share:.0f}% of its rows repeat party {evidence[first].party}'s upload (which arrived first "
-                "and is kept; content alone cannot tell the original from the copy)",
+                e.party, "replay",
+                f"{100 * share:.0f}% of its rows repeat party {evidence[repeated[0]].party}'s upload (which arrived "
+                "first and is kept; content alone cannot tell the original from the copy)",
             )))
     return verdicts
 
