@@ -200,9 +200,9 @@ def through_flower(overrides: dict, parties: int, runs: Path) -> tuple[float, di
     """`flwr run` of `overrides` with `parties` simulated parties (Flower's simulation engine, the default
     federation) from a fresh SuperLink: wall seconds end to end, the run's results.json, the process tree's memory."""
     from commands.federation import DEFAULT_FEDERATION
-    from commands.launch import flower_env, flwr_run, free_port, superlink_pids
+    from commands.launch import flower_env, flwr_run, free_ports, superlink_pids
 
-    ports = (free_port(), free_port())
+    ports = tuple(free_ports(2))
     home = PROJECT / "benchmarks" / ".flwr"
     env = flower_env(home, ports)
     t0 = time.perf_counter()

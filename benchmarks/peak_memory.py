@@ -17,13 +17,13 @@ import time
 from common import DATA_DIR, PROJECT, TreeMemorySampler, write
 
 from commands.federation import DEFAULT_FEDERATION
-from commands.launch import flower_env, flwr_run, free_port, superlink_pids
+from commands.launch import flower_env, flwr_run, free_ports, superlink_pids
 
 RUNS = PROJECT / "benchmarks" / "runs"
 
 
 def measure(parties: int, epochs: int) -> dict:
-    ports = (free_port(), free_port())
+    ports = tuple(free_ports(2))
     home = PROJECT / "benchmarks" / ".flwr"
     env = flower_env(home, ports)
     overrides = {

@@ -97,9 +97,9 @@ class InProcessGrid(Grid):
         replies: list[Message] = []
         with self._arrived:
             while pending:
-                arrived = pending & self._replies.keys()
+                arrived = [i for i in self._replies if i in pending]  # in the order they arrived
                 replies += [self._replies.pop(i) for i in arrived]
-                pending -= arrived
+                pending.difference_update(arrived)
                 left = None if deadline is None else deadline - time.monotonic()
                 if not pending or (left is not None and left <= 0):
                     break

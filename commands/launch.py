@@ -10,6 +10,7 @@ out: no Flower import.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -62,10 +63,18 @@ class FlowerRun:
         return self.status == "finished:completed"
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: every socket stays bound until all are drawn (a port released
+    and drawn again would otherwise be handed out twice)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def config_arg(values: dict) -> str:

@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from commands import launch
-from commands.launch import FlowerRun, free_port
+from commands.launch import FlowerRun, free_port, free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
@@ -205,11 +205,10 @@ class Translator:
 
     def __init__(self, services: dict[str, dict], mounts: dict[str, Path], volumes_root: Path):
         self.services = services
-        self.ports = {
-            (name, port): free_port()
-            for name, spec in services.items()
-            for port in listening_ports(spec.get("command", []))
-        }
+        listening = [
+            (name, port) for name, spec in services.items() for port in listening_ports(spec.get("command", []))
+        ]
+        self.ports = dict(zip(listening, free_ports(len(listening)), strict=True))
         self.mounts = mounts
         self.volumes_root = volumes_root
         names = sorted(services, key=len, reverse=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from commands.launch import flower_env, flwr_run, free_port, superlink_pids
+from commands.launch import flower_env, flwr_run, free_ports, superlink_pids
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.sim]
 
 
 def _run(tmp_path, overrides, parties):
-    ports = (free_port(), free_port())
+    ports = tuple(free_ports(2))
     home = tmp_path / "flwr-home"
     config = {"preset": "configs/quickstart.yaml", "runs-dir": str(tmp_path / "runs"), **overrides}
     result = flwr_run(config, parties, flwr_home=home, ports=ports, echo=False)
@@ -52,7 +52,7 @@ def test_a_signal_stops_the_run_and_everything_it_started(tmp_path, signum, caps
     from commands.launch import descendants
     from fedsmix.progress import read_events
 
-    ports = (free_port(), free_port())
+    ports = tuple(free_ports(2))
     env = flower_env(tmp_path / "flwr-home", ports)
     runs = tmp_path / "runs"
     argv = [str(Path(sys.executable).parent / "fedsmix"), "run", "--parties", "2", "--set", "epochs=200",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from commands.launch import free_port
+from commands.launch import free_port, free_ports
 from fedsmix.config import PROJECT_ROOT
 
 pytestmark = [pytest.mark.sim, pytest.mark.slow]
@@ -51,9 +51,9 @@ class LocalRayCluster:
                  "metrics-export-port", "runtime-env-agent-port"]
         if head:
             names += ["ray-client-server-port", "dashboard-port"]
-        ports = [f"--{name}={free_port()}" for name in names]
-        low = free_port()
-        return ports + [f"--min-worker-port={low}", f"--max-worker-port={low + 50}"]
+        *ports, low = free_ports(len(names) + 1)
+        return [f"--{name}={port}" for name, port in zip(names, ports, strict=True)] + [
+            f"--min-worker-port={low}", f"--max-worker-port={low + 50}"]
 
     def _start(self, name: str, args: list[str]) -> None:
         log = open(self.temp / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
@@ -141,11 +141,12 @@ def test_parties_run_on_both_nodes_of_a_ray_cluster(ray_cluster, tmp_path):
     nodes = ray_cluster.node_ids(expect=2)
     assert len(nodes) == 2, f"the cluster did not come up with two nodes: {nodes}"
     runs = tmp_path / "runs"
+    http_port, control_port = free_ports(2)
     env = {
         **os.environ,
         "FLWR_HOME": str(tmp_path / "flwr-home"),  # our own local SuperLink, on free ports
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(control_port),
         "PYTHONPATH": str(PROJECT_ROOT),
     }
     fedsmix = str(Path(sys.executable).parent / "fedsmix")  # the console script

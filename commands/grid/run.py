@@ -38,7 +38,7 @@ def run_cell(overrides: dict[str, Any], parties: int, engine: str, runs_dir: Pat
     try:
         if engine == "flwr":
             from ..federation import environment, federation_config, flower_part
-            from ..launch import flwr_run, free_port
+            from ..launch import flwr_run, free_ports
             from ..options import absolute_paths
 
             federation = federation_config(overrides.get("preset", ""))  # as `fedsmix run` passes it
@@ -46,7 +46,7 @@ def run_cell(overrides: dict[str, Any], parties: int, engine: str, runs_dir: Pat
                 absolute_paths(overrides),
                 parties,
                 flower_part(federation),
-                ports=(free_port(), free_port()),
+                ports=tuple(free_ports(2)),
                 flwr_home=runs_dir / ".flwr",
                 environment=environment(federation),
             )
