@@ -15,11 +15,20 @@ from flwr.clientapp.mod import fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedsmix import messages as wire
+from fedsmix import tuning
 from fedsmix.config import Settings
 from fedsmix.defences import active
 from fedsmix.device import select_device
 from fedsmix.faults import maybe_fail
-from fedsmix.party import load_partition, personalize, prepare_upload, score_candidates, train_local
+from fedsmix.party import (
+    load_partition,
+    personalize,
+    prepare_upload,
+    score_candidates,
+    score_model,
+    train_local,
+    tune_local,
+)
 from fedsmix.progress import Progress
 from fedsmix.space import load_test
 from fedsmix.trainers import test_accuracy
@@ -86,19 +95,47 @@ def encode(msg: Message, context: Context) -> Message:
     return _reply(msg, upload.metrics, **{wire.UPLOAD: arrays})
 
 
+class QueryRefused(RuntimeError):
+    """A party past its validation-query budget (`tuning.query_cap`, or its node's `max-validation-queries`)."""
+
+
+def spend_queries(settings: Settings, context: Context, party: int, models: int) -> None:
+    """Count `models` scored against this run's cap, kept in the node's own state; refuse beyond it (a server
+    that keeps asking learns nothing more). A deployed party names its own cap in its node config."""
+    cap = int(context.node_config.get("max-validation-queries", 0)) or tuning.query_cap(settings)
+    record = context.state.get("validation-queries")
+    used = int(record["scored"]) if isinstance(record, MetricRecord) else 0
+    if used + models > cap:
+        raise QueryRefused(f"party {party}: scored {used} models of its {cap} this run; refuses {models} more")
+    context.state["validation-queries"] = MetricRecord({"scored": used + models})
+
+
 @app.query(wire.VALIDATE)
 def validate(msg: Message, context: Context) -> Message:
-    """Selection of the central trainer: score each candidate on the clean samples that the server's
-    held-out rows of this party's upload encode; only counts go back."""
+    """Selection of the central trainer: score each candidate on this party's own validation split (clean rows
+    it never encoded or uploaded); only counts go back, for at most its query budget of models a run."""
     settings, party, num_parties = _settings(msg, context)
     names = str(msg.content[wire.CONFIG][wire.CANDIDATES]).split(",")
+    spend_queries(settings, context, party, len(names))
     states = {name: msg.content[wire.candidate(i)].to_torch_state_dict() for i, name in enumerate(names)}
-    rows = msg.content[wire.ROWS][wire.ROWS].numpy()
-    scores = score_candidates(settings, load_partition(settings, party, num_parties), rows, states)
+    scores = score_candidates(settings, states, load_partition(settings, party, num_parties, "validation"))
     metrics = {wire.PARTY: party}
     for i, name in enumerate(names):
         metrics[f"{i}-correct"], metrics[f"{i}-n"] = scores[name]["correct"], scores[name]["n"]
     return _reply(msg, metrics)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """A FedAvg/FedProx global model scored on this party's own validation split (the round and setting to keep
+    are chosen on these counts); counted against the same query budget."""
+    settings, party, num_parties = _settings(msg, context)
+    spend_queries(settings, context, party, 1)
+    validation = load_partition(settings, party, num_parties, "validation")
+    counts = score_model(settings, msg.content[wire.ARRAYS].to_torch_state_dict(), validation,
+                         select_device(settings.device))
+    return _reply(msg, {wire.PARTY: party, wire.CORRECT: counts["correct"], wire.COUNT: counts["n"],
+                        "num-examples": counts["n"]})
 
 
 @app.query(wire.PERSONALIZE)
@@ -126,17 +163,17 @@ def train(msg: Message, context: Context) -> Message:
     # seconds late); the server's progress.jsonl records the party when its model arrives
     report = Progress(None, interval=settings.progress_interval).epochs(
         settings.epochs, phase=f"party {party} local training", strategy=mode) if mode == "local-only" else None
-    result = train_local(
-        settings,
-        load_partition(settings, party, num_parties),
-        msg.content["arrays"].to_torch_state_dict(),
-        mode=mode,
-        server_round=server_round,
-        proximal_mu=float(config.get("proximal-mu", 0.0)),
-        device=device,
-        on_epoch=report,
-    )
+    part, initial = load_partition(settings, party, num_parties), msg.content["arrays"].to_torch_state_dict()
+    chosen = {}
+    if mode == "local-only":  # the party tunes alone, on its own validation split
+        validation = load_partition(settings, party, num_parties, "validation")
+        result, index, scores = tune_local(settings, part, validation, initial, device, on_epoch=report)
+        chosen = {"chosen": index, **{f"tried-{i}-accuracy": a for i, a in enumerate(scores)}}
+    else:
+        result = train_local(settings, part, initial, mode=mode, server_round=server_round,
+                             proximal_mu=float(config.get("proximal-mu", 0.0)), device=device, on_epoch=report)
     metrics = {
+        **chosen,
         "party": party,
         "num-examples": result.num_examples,
         "equal-weight": 1,  # DP-FedAvg aggregates by this key: every party counts the same

@@ -145,7 +145,14 @@ class Settings(BaseModel):
     # the central trainer of mixup-union (fedsmix/trainers/) and its honest selection
     trainer: str = Field("auto", description="a registered trainer family (fedsmix/trainers), or 'auto': every one")
     head_penalties: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)  # gamma of the closed-form heads
-    validation_fraction: float = Field(0.1, ge=0, lt=1, description="upload rows per party held out for selection")
+    # one selection protocol for every strategy (fedsmix/tuning.py): each party keeps a validation split of its
+    # own clean rows, never encoded, uploaded or trained on; every strategy tries `tuning-budget` settings
+    validation_fraction: float = Field(0.1, ge=0, lt=1, description="each party's clean rows kept for selection "
+                                                                    "(never encoded, uploaded or trained on)")
+    tuning_budget: int = Field(6, ge=1, description="settings each strategy tries, chosen on the parties' validation "
+                                                    "scores (the same for every strategy); 1 = the configured one")
+    validation_queries: int = Field(0, ge=0, description="models a party scores per run before it refuses; 0 = "
+                                                         "what the tuning budget needs")
     return_model: bool = Field(True, description="send the model back; each party recalibrates it on its own data")
     # rounds sized by what they need, not by the federation: a seeded sample of the parties answers them
     vote_parties: int = Field(10, ge=0, description="parties that score the trainer's candidates; 0 = every party")
@@ -361,11 +368,10 @@ class Settings(BaseModel):
     @model_validator(mode="after")
     def _model_and_trainer_fit_the_inputs(self) -> Settings:
         """The classifier and mixup-union's central trainer against what they read (images, features, h(x))."""
-        linear = self.trainer.startswith(("ridge", "lda"))
-        if self.validation_fraction == 0 and (self.trainer == "auto" or (linear and len(self.head_penalties) > 1)):
+        if self.validation_fraction == 0 and self.tuning_budget > 1:
             raise ValueError(
-                f"validation-fraction 0 leaves nothing to choose trainer {self.trainer!r} (and head-penalties) with; "
-                "set validation-fraction > 0, or one trainer with one head-penalties value"
+                f"validation-fraction 0 leaves nothing to choose among tuning-budget {self.tuning_budget} settings "
+                "with; set validation-fraction > 0, or tuning-budget 1 (each strategy runs its configured setting)"
             )
         if self.model in ("cnn", "lenet5") and self.backbone != "none":
             raise ValueError(f"model {self.model!r} needs images, and backbone {self.backbone!r} turns them into "

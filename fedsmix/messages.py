@@ -9,7 +9,8 @@ from __future__ import annotations
 # the queries a protocol sends (Flower's message type is "query.<kind>"; "train" is Flower's MessageType.TRAIN)
 HELLO = "hello"  # which party a node is; loads its partition and warms training up (the cold start)
 ENCODE = "encode"  # encode the partition once and upload it
-VALIDATE = "validate"  # score the central trainer's candidates on the samples behind the held-out upload rows
+VALIDATE = "validate"  # score the central trainer's candidates on the party's own validation split
+# (Flower's MessageType.EVALUATE scores a FedAvg/FedProx global model on the same split)
 PERSONALIZE = "personalize"  # the central model comes back: recalibrate it on the party's own data
 
 
@@ -23,7 +24,6 @@ CONFIG = "config"  # ConfigRecord: the run settings and the query's own keys bel
 ARRAYS = "arrays"  # ArrayRecord: a model's state dict (either way)
 METRICS = "metrics"  # MetricRecord: a reply's numbers
 UPLOAD = "upload"  # ArrayRecord: an encoded partition (x, y)
-ROWS = "rows"  # ArrayRecord {"rows": int64}: a party's upload rows held out for selection
 NODE = "node"  # ConfigRecord: where a ClientApp runs (its Ray node), in a hello's reply
 
 # keys of the config record
@@ -44,3 +44,5 @@ def candidate(index: int) -> str:
 # keys of a reply's metrics
 PARTY = "party"  # every reply names its party
 STORED = "stored"  # encode: 1 when the server holds this party's upload already (nothing re-sent)
+CORRECT = "correct"  # evaluate: correct predictions on the party's validation split
+COUNT = "n"  # evaluate: the split's size

@@ -12,6 +12,7 @@ draws from a generator seeded with (seed, party, purpose).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -66,7 +67,19 @@ class Partition:
                          self.rows[index.numpy()], self.split)
 
 
-def load_partition(settings: Settings, party: int, num_parties: int) -> Partition:
+def validation_split(settings: Settings, party: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of a party's n rows that it trains on and that it keeps for validation (`validation-fraction`,
+    seeded per party; never encoded, uploaded or trained on). A party keeps at least one row to train on."""
+    k = min(math.ceil(settings.validation_fraction * n), n - 1) if n > 1 else 0
+    order = torch.randperm(n, generator=generator(settings.seed, party, "validation-split")).numpy()
+    return np.sort(order[k:]), np.sort(order[:k])
+
+
+def load_partition(settings: Settings, party: int, num_parties: int, part: str = "train") -> Partition:
+    """A party's rows of the training split in the mixing space: the rows it trains on (`part="train"`), or the
+    validation split it keeps for selection (`"validation"`, see `validation_split`)."""
+    if part not in ("train", "validation"):
+        raise ValueError(f"part: unknown {part!r}; allowed: train, validation")
     raw = datalib.load_dataset(settings, "train")
     subset = train_subset_rows(settings, len(raw))
     rows = partition_indices(
@@ -83,6 +96,7 @@ def load_partition(settings: Settings, party: int, num_parties: int) -> Partitio
     )
     if subset is not None:
         rows = subset[rows]
+    rows = rows[validation_split(settings, party, len(rows))[0 if part == "train" else 1]]
     x = to_space(settings, raw, "train", rows)
     labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
     return Partition(party, x, labels, raw.spec.num_classes, pixel_spec(settings, raw.spec), rows)
@@ -324,29 +338,48 @@ def replayed_upload(settings: Settings, party: int, num_parties: int) -> tuple[d
     return honest.arrays, {**honest.metrics, "party": party}
 
 
-def samples_of_rows(settings: Settings, part: Partition, rows: np.ndarray) -> np.ndarray:
-    """The party's own sample that each of its upload rows encodes first (row i of encoding t encodes
-    sample i: the encoders stack T encodings of the partition in order)."""
-    rows = np.asarray(rows, dtype=np.int64)
-    total = len(part.x) * settings.encodings_per_sample
-    if len(rows) and (rows.min() < 0 or rows.max() >= total):
-        raise ValueError(f"party {part.party}: upload rows outside 0..{total - 1}")
-    return rows % len(part.x)
-
-
-def score_candidates(
-    settings: Settings, part: Partition, rows: np.ndarray, states: dict[str, dict], device: str = "cpu"
-) -> dict[str, dict[str, int]]:
-    """Selection of the central trainer: each candidate's correct predictions on the clean samples that the
-    server's held-out upload rows encode. Only these counts leave the party."""
+def score_candidates(settings: Settings, states: dict[str, dict], validation: Partition,
+                     device: str = "cpu") -> dict[str, dict[str, int]]:
+    """Selection: each candidate's correct predictions on the party's own validation split (the server names
+    no rows). Only these counts leave the party."""
     from .trainers import build_model, score_models
 
-    samples = torch.from_numpy(samples_of_rows(settings, part, rows))
     models = {}
     for name, state in states.items():
-        models[name] = build_model(name, settings, part.sample_shape, part.num_classes)
+        models[name] = build_model(name, settings, validation.sample_shape, validation.num_classes)
         models[name].load_state_dict(state)
-    return score_models(models, part.x[samples], part.labels[samples], device)
+    return score_models(models, validation.x, validation.labels, device)
+
+
+def score_model(settings: Settings, state: dict[str, torch.Tensor], validation: Partition,
+                device: str = "cpu") -> dict[str, int]:
+    """A FedAvg/FedProx global model's correct predictions on the party's own validation split."""
+    from .trainers import score_models
+
+    model = new_classifier(settings, validation.sample_shape, validation.num_classes)
+    model.load_state_dict(state)
+    return score_models({"model": model}, validation.x, validation.labels, device)["model"]
+
+
+def tune_local(settings: Settings, part: Partition, validation: Partition, initial: dict[str, torch.Tensor],
+               device: str = "cpu", on_epoch=None) -> tuple[LocalResult, int, list[float]]:
+    """Local-only training under the tuning budget (fedsmix/tuning.py): each drawn setting trained from the same
+    initial model, the one with the most correct predictions on the party's own validation split kept. Returns
+    it, its index among the drawn settings, and each setting's validation accuracy (none tried: no split)."""
+    from . import tuning
+
+    tried = tuning.draw(settings, "local-only") if len(validation.labels) else [{}]
+    best, best_index, accuracy = None, 0, []
+    for i, setting in enumerate(tried):
+        result = train_local(tuning.apply(settings, setting), part, initial, mode="local-only", device=device,
+                             on_epoch=on_epoch if i == 0 else None)
+        if len(tried) == 1:
+            return result, 0, accuracy
+        counts = score_model(settings, result.state(), validation, device)
+        accuracy.append(counts["correct"] / counts["n"])
+        if best is None or accuracy[-1] > accuracy[best_index]:
+            best, best_index = result, i
+    return best, best_index, accuracy
 
 
 def personalize(settings: Settings, part: Partition, name: str, state: dict, device: str = "cpu") -> torch.nn.Module:

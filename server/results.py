@@ -62,6 +62,29 @@ def _legend(console: Console, lines: tuple[str, ...]) -> None:
         console.print(f"  {line}", style="dim", highlight=False)
 
 
+def _setting(setting) -> str:
+    return setting if isinstance(setting, str) else " ".join(f"{k} {v:g}" for k, v in setting.items())
+
+
+def tuning_line(name: str, res: dict) -> str:
+    """What a strategy's selection chose, and from what (nothing when it ran its configured setting only)."""
+    tried, budget = res.get("tried") or [], res.get("tuning-budget")
+    if len(tried) < 2:
+        return ""
+    how = f"of {len(tried)} tried (tuning budget {budget}), on the parties' validation splits"
+    if "chosen-per-party" in res:
+        picks = {}
+        for choice in res["chosen-per-party"].values():
+            key = _setting({k: v for k, v in choice.items() if k != "validation-accuracy"})
+            picks[key] = picks.get(key, 0) + 1
+        return f"{name}: each party chose alone {how}: " + ", ".join(f"{k} ({n})" for k, n in picks.items())
+    scores = res.get("selection", {}).get("validation-accuracy") or dict(
+        zip(map(_setting, tried), res.get("tried-validation-accuracy", []), strict=False))
+    scored = ", ".join(f"{_setting(k)} {_pct(v)}" for k, v in scores.items())
+    stop = f", stopped at round {res['stopped-at']}" if "stopped-at" in res else ""
+    return f"{name}: chose {_setting(res['chosen'])}{stop} {how}: {scored}"
+
+
 def render(results: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console(width=140, force_terminal=False)
     table = Table(
@@ -108,15 +131,11 @@ def render(results: dict[str, Any], console: Console | None = None) -> None:
         for row in problems:
             lost.add_row(*row)
         console.print(lost)
+    for name, res in results.get("strategies", {}).items():
+        if line := tuning_line(name, res):
+            console.print(line)
     mix = results.get("strategies", {}).get("mixup-union", {})
     if mix.get("trainer"):
-        selection = mix.get("selection", {}).get("validation-accuracy") or {}
-        scored = ", ".join(f"{name} {_pct(acc)}" for name, acc in selection.items())
-        console.print(
-            f"mixup-union trainer: {mix['trainer']}"
-            + (f" (chosen on the parties' scores of {mix['selection']['held-out-rows']} held-out rows: {scored})"
-               if selection else "")
-        )
         returned = mix.get("returned")
         if returned and returned.get("mean") is not None:
             console.print(

@@ -24,16 +24,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedProx, FedTrimmedAvg, Krum, MultiKrum, Strategy
 
 from fedsmix import data as datalib
+from fedsmix import messages as wire
+from fedsmix import tuning
 from fedsmix.config import Settings
 from fedsmix.defences import active
 from fedsmix.models import new_classifier
 from fedsmix.registry import Registry
 from fedsmix.space import mixing_shape
-from fedsmix.trainers import test_accuracy
+from fedsmix.trainers import sample_parties, test_accuracy
 from server.context import RunAborted, RunContext
 from strategies import dp_fedavg
 from strategies.common import bytes_summary, split_replies, weights_record
@@ -55,6 +57,8 @@ class ReportingFedProx(FedProx):
         self.released: list[int] = []  # rounds whose aggregate went out
         self.answered: dict[int, int] = {}  # round -> parties whose update was aggregated
         self.train_loss: dict[int, float] = {}  # round -> the aggregated parties' mean local training loss
+        self.voters: list[int] = []  # tuned runs: the parties that score each round's model on their validation
+        self.validation: dict[int, float] = {}  # round -> pooled validation accuracy of its global model
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
         available = len(list(grid.get_node_ids()))
@@ -68,6 +72,27 @@ class ReportingFedProx(FedProx):
                              f"{self.dp_sample}")
         self.sampled[server_round] = [m.metadata.dst_node_id for m in messages]
         return messages
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid) -> Iterable[Message]:
+        """Tuned runs only: the round's global model to the seeded voters (`vote-parties`), to score on their own
+        validation splits."""
+        if not self.voters:
+            return []
+        nodes = {party: node for node, party in self.ctx.node_party.items()}
+        config["server-round"] = server_round
+        record = RecordDict({"arrays": arrays, "config": config})
+        return [Message(record, dst_node_id=nodes[p], message_type=MessageType.EVALUATE)
+                for p in self.voters if p in nodes]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The parties' counts pooled (correct / n); a party that refuses or fails does not vote."""
+        counts = [r.content[wire.METRICS] for r in replies if not r.has_error()]
+        total = sum(int(m[wire.COUNT]) for m in counts)
+        if not total:
+            return None
+        self.validation[server_round] = sum(int(m[wire.CORRECT]) for m in counts) / total
+        return MetricRecord({"validation-accuracy": self.validation[server_round], "voters": len(counts)})
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -137,14 +162,19 @@ def aggregator_options(settings: Settings, sampled: int) -> dict:
     return {}
 
 
-def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[torch.nn.Module, dict]:
-    """`rounds` of FedProx (FedAvg: mu = 0) from the run's initial model; the final global model and the report.
+def federate(ctx: RunContext, mu: float, rounds: int, label: str = "", settings: Settings | None = None,
+             voters: list[int] | None = None, phase: str = "") -> tuple[torch.nn.Module, dict]:
+    """`rounds` of FedProx (FedAvg: mu = 0) from the run's initial model; the global model and the report.
     The global model is saved as global-model-<label>.pt (default: fedprox or fedavg) for the attacker.
+
+    `settings`: one setting a tuned run tries (default: the run's). With `voters`, each round's global model
+    is scored by those parties on their validation splits, and the model kept is the round they score best
+    (its round is `stopped-at`); without, the last round's.
 
     Also the first phase of encoder=mixcon (strategies/mixup_union.py): the split model, trained with the
     MixCon term by the parties' `train_local`, before each party uploads h(x) once.
     """
-    s, t0 = ctx.settings, time.perf_counter()
+    s, t0 = settings or ctx.settings, time.perf_counter()
     parties = len(ctx.nodes())
     num_classes = datalib.dataset_spec(s).num_classes
     model = new_classifier(s, mixing_shape(s), num_classes)
@@ -164,6 +194,8 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[
     )
     for name, value in aggregator_options(s, sampled).items():
         setattr(strategy, name, value)
+    strategy.voters = list(voters or [])
+    kept: dict = {}  # tuned: the state of the round the voters score best so far
     runner = strategy
     for _, side in servers:
         runner = side.wrap(runner, s, sampled)
@@ -171,15 +203,21 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
-        metrics = test_accuracy(model, ctx.test_set(), ctx.device)
+        metrics = test_accuracy(model, ctx.test_set(), ctx.device)  # reported; the choice reads `validation`
         elapsed = time.perf_counter() - t0
-        curve.append({"round": server_round, "accuracy": metrics["accuracy"], "seconds": elapsed})
+        point = {"round": server_round, "accuracy": metrics["accuracy"], "seconds": elapsed}
+        if (score := strategy.validation.get(server_round)) is not None:
+            point["validation-accuracy"] = score
+            if not kept or score > kept["score"]:
+                state = {k: v.clone() for k, v in model.state_dict().items()}
+                kept.update(score=score, round=server_round, state=state)
+        curve.append(point)
         ctx.progress.emit(
             "round", round=server_round, rounds=rounds, accuracy=metrics["accuracy"], elapsed=round(elapsed, 3),
             answered=strategy.answered.get(server_round), sampled=len(strategy.sampled.get(server_round, [])) or None,
             eta=round(elapsed / server_round * (rounds - server_round), 3) if server_round else None,
             **({"train-loss": strategy.train_loss[server_round]} if server_round in strategy.train_loss else {}),
-            **({"phase": label} if label else {}),  # FedAvg rounds inside another strategy (mixcon-split)
+            **({"phase": phase or label} if phase or label else {}),  # mixcon-split's rounds, a tuned setting
         )
         return MetricRecord(metrics)
 
@@ -190,11 +228,13 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[
         num_rounds=rounds,
         timeout=s.reply_timeout,
         train_config=ConfigRecord({"settings": s.to_json(), "mode": "federated"}),
+        evaluate_config=ConfigRecord({"settings": s.to_json()}),
         evaluate_fn=evaluate,
     )
-    model.load_state_dict(result.arrays.to_torch_state_dict())
+    stopped = kept.get("round", rounds)
+    model.load_state_dict(kept["state"] if kept else result.arrays.to_torch_state_dict())
     nodes = sorted(set(ctx.traffic.to_node))
-    final = curve[-1]["accuracy"] if curve else None
+    final = next((p["accuracy"] for p in curve if p["round"] == stopped), None)
     path = ctx.run_dir / f"global-model-{label or ('fedprox' if mu > 0 else 'fedavg')}.pt"
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)  # a trained round to attack
     train_metrics = {str(k): dict(v) for k, v in result.train_metrics_clientapp.items()}
@@ -208,6 +248,8 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[
         "proximal-mu": mu,
         "aggregation": s.aggregation,
         "rounds": rounds,
+        "stopped-at": stopped,
+        "client-lr": s.client_lr,
         "local-epochs": s.local_epochs,
         "curve": curve,
         "parties-used": len(strategy.parties_used),
@@ -223,13 +265,47 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "") -> tuple[
     }
 
 
-def run(ctx: RunContext, mu: float | None = None) -> dict:
+def tuned(ctx: RunContext, strategy: str) -> dict:
+    """FedAvg/FedProx under the tuning budget (fedsmix/tuning.py): each drawn setting (client lr, local epochs,
+    FedProx's mu) federated from the same initial model, each round's model scored by the voters on their
+    validation splits; the setting and round they score best is the result (its global model saved for the
+    attacker). Budget 1: the configured setting's last round, no evaluation round."""
     s = ctx.settings
-    return federate(ctx, s.proximal_mu if mu is None else mu, s.rounds)[1]
+    tried = tuning.draw(s, strategy)
+    mu = (lambda settings: settings.proximal_mu) if strategy == "fedprox" else (lambda settings: 0.0)
+    if len(tried) == 1:
+        return {**federate(ctx, mu(s), s.rounds)[1], **tuning.report(s, tried, 0)}
+    voters = sample_parties(ctx.node_party.values(), s.vote_parties, s.seed, "vote")
+    results, models, t0 = [], [], time.perf_counter()
+    for i, setting in enumerate(tried):
+        settings = tuning.apply(s, setting)
+        model, result = federate(ctx, mu(settings), s.rounds, settings=settings, voters=voters,
+                                 phase=f"setting {i + 1}/{len(tried)}")
+        results.append(result)
+        models.append(model)
+    scores = {i: max((p.get("validation-accuracy", -1.0) for p in r["curve"]), default=-1.0)
+              for i, r in enumerate(results)}
+    best = max(scores, key=lambda i: (scores[i], -i))
+    path = ctx.run_dir / f"global-model-{strategy}.pt"
+    torch.save({k: v.detach().cpu() for k, v in models[best].state_dict().items()}, path)
+    return {
+        **results[best],
+        **tuning.report(s, tried, best),
+        "validation-accuracy": scores[best],
+        "tried-validation-accuracy": [scores[i] for i in range(len(tried))],
+        "tried-accuracy": [r["accuracy"] for r in results],  # reported, never read to choose
+        "global-model": str(path),
+        "wall-seconds": time.perf_counter() - t0,
+        **bytes_summary(ctx, sorted(set(ctx.traffic.to_node))),
+    }
+
+
+def run(ctx: RunContext) -> dict:
+    return tuned(ctx, "fedprox")
 
 
 def run_fedavg(ctx: RunContext) -> dict:
-    return run(ctx, mu=0.0)
+    return tuned(ctx, "fedavg")
 
 
 class _Reply:

@@ -8,6 +8,7 @@ from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 
 from fedsmix import data as datalib
 from fedsmix import messages as wire
+from fedsmix import tuning
 from fedsmix.models import new_classifier
 from fedsmix.space import mixing_shape
 from fedsmix.trainers import test_accuracy
@@ -27,7 +28,8 @@ def run(ctx: RunContext) -> dict:
                 message_type=MessageType.TRAIN)
         for node in nodes
     ]
-    accuracy, on_cuda, replies = {}, 0, []
+    accuracy, on_cuda, replies, chosen = {}, 0, [], {}
+    tried = tuning.draw(s, "local-only")
     for reply in ctx.stream_replies(messages):  # each party's model is scored (and reported) as it arrives
         replies.append(reply)
         if reply.has_error():
@@ -35,6 +37,9 @@ def run(ctx: RunContext) -> dict:
         metrics = reply.content[wire.METRICS]
         party = int(metrics[wire.PARTY])
         on_cuda += int(metrics.get("on-cuda", 0))
+        index = int(metrics.get("chosen", 0))  # each party chose alone, on its own validation split
+        chosen[party] = {**tried[index], **({"validation-accuracy": metrics[f"tried-{index}-accuracy"]}
+                                            if f"tried-{index}-accuracy" in metrics else {})}
         model.load_state_dict(reply.content[wire.ARRAYS].to_torch_state_dict())
         accuracy[party] = test_accuracy(model, ctx.test_set(), ctx.device)["accuracy"]
         ctx.progress.emit("party", party=party, done=len(accuracy), of=len(nodes), accuracy=accuracy[party],
@@ -49,6 +54,9 @@ def run(ctx: RunContext) -> dict:
         "mean-party-accuracy": sum(values) / len(values),
         "min-party-accuracy": min(values),
         "max-party-accuracy": max(values),
+        "tuning-budget": s.tuning_budget,
+        "tried": tried,
+        "chosen-per-party": {str(p): c for p, c in sorted(chosen.items())},
         "parties-used": len(accuracy),
         "parties-on-cuda": on_cuda,
         "dropped": dropped,

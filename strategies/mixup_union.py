@@ -19,10 +19,11 @@ import time
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 
 from fedsmix import data as datalib
 from fedsmix import messages as wire
+from fedsmix import tuning
 from fedsmix.faults import interrupt_after
 from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
 from fedsmix.runs import atomic_write_bytes
@@ -211,9 +212,11 @@ def run(ctx: RunContext) -> dict:
     if encoder is not None:  # the server holds h: its head is tested on h(x) of the test split
         test = (represent(encoder, test[0], ctx.device), test[1])
 
+    voters = sample_parties(used, s.vote_parties, s.seed, "vote")
+
     def train() -> Selection:
         return train_union(
-            s, union, shape, num_classes, ctx.device, score=lambda models, held: score_round(ctx, models, held),
+            s, union, shape, num_classes, ctx.device, score=lambda models: score_round(ctx, models, voters),
             public=public, checkpoint_path=checkpoint, checkpoint_key=store.union_key(used),
             on_epoch=epoch_hook(ctx, t0, curve, then=interrupt_after(s.fault), test=test), progress=ctx.progress,
         )
@@ -228,6 +231,8 @@ def run(ctx: RunContext) -> dict:
     model, report = selection.model, selection.report
     metrics = test_accuracy(model, test, ctx.device)
     epochs = len(report.get("losses", []))
+    if not epochs:
+        curve.clear()  # the epochs of a candidate that was not chosen
     if epochs and (not curve or curve[-1]["epoch"] != epochs):
         curve.append({"epoch": epochs, "accuracy": metrics["accuracy"], "seconds": time.perf_counter() - t0})
     weights = _save_model(ctx, model)
@@ -235,8 +240,8 @@ def run(ctx: RunContext) -> dict:
         "accuracy": metrics["accuracy"],
         "test-loss": metrics["loss"],
         "trainer": selection.chosen,
-        "selection": {"validation-accuracy": selection.validation, "held-out-rows": selection.held_out,
-                      "voters": selection.voters,
+        **tuning.report(s, selection.tried, selection.tried.index(selection.chosen)),
+        "selection": {"validation-accuracy": selection.validation, "voters": selection.voters,
                       "noise-var": union.noise_var, "mix-scale": union.mix_scale},
         "parties-used": len(parties),
         "num-partitions": len(nodes),
@@ -275,27 +280,19 @@ def _party_nodes(ctx: RunContext, parties) -> dict[int, int]:
     return {party: nodes[party] for party in parties if party in nodes}
 
 
-def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], held: dict[int, np.ndarray]) -> dict:
-    """query "validate": each party scores the candidates on the clean samples its held-out rows encode."""
+def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], voters: list[int]) -> dict:
+    """query "validate": each voting party scores the candidates on its own validation split."""
     names = list(models)
     states = {wire.candidate(i): ArrayRecord(models[name].cpu().state_dict()) for i, name in enumerate(names)}
+    config = settings_config(ctx, **{wire.CANDIDATES: ",".join(names)})
     messages = [
-        Message(
-            RecordDict({
-                wire.CONFIG: settings_config(ctx, **{wire.CANDIDATES: ",".join(names)}),
-                wire.ROWS: ArrayRecord({wire.ROWS: Array(rows.astype(np.int64))}),
-                **states,
-            }),
-            dst_node_id=node,
-            message_type=wire.query(wire.VALIDATE),
-        )
-        for party, node in _party_nodes(ctx, held).items()
-        for rows in [held[party]]
+        Message(RecordDict({wire.CONFIG: config, **states}), dst_node_id=node, message_type=wire.query(wire.VALIDATE))
+        for node in _party_nodes(ctx, voters).values()
     ]
     scores = {}
     for reply in ctx.send_and_receive(messages, phase="trainer selection"):
         if reply.has_error():
-            continue  # a party that does not answer does not vote
+            continue  # a party that does not answer (or refuses: past its query budget) does not vote
         m = reply.content[wire.METRICS]
         scores[int(m[wire.PARTY])] = {
             name: {"correct": int(m[f"{i}-correct"]), "n": int(m[f"{i}-n"])} for i, name in enumerate(names)

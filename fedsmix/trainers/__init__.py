@@ -22,11 +22,10 @@ the trainer that fits the uploads best is not the one that classifies clean inpu
 Each family is a `Trainer` (base.py) registered below in `fedsmix.registry.TRAINERS`, one line each: its
 candidates' names, how it fits them, and the empty module a party loads a candidate into (mlp.py, linear.py).
 
-With more than one candidate the server holds out `validation-fraction` of every party's upload
-rows, trains the candidates on the rest, and asks each party to score them on the clean samples
-those held-out rows encode (a party knows which of its samples each of its upload rows encodes):
-the model goes back to the parties in the paper's protocol anyway, and only counts come back.
-The best candidate is refit on every row (selection.py). Nothing here reads the test split.
+With more than one candidate every one (at most `tuning-budget`, a seeded draw) is fit on the whole
+union and each voting party scores them on its own validation split, clean rows it never encoded or
+uploaded (fedsmix/tuning.py): only counts come back, and the best candidate is the central model
+(selection.py). Nothing here reads the test split.
 
 Robust training (`robust-training`), for what the plausibility checks (server/plausibility.py)
 cannot decide (measured in docs/results/robustness.md):
@@ -58,11 +57,9 @@ from .selection import (
     party_summary,
     sample_parties,
     score_models,
-    select,
     server_public,
     test_accuracy,
     train_union,
-    validation_rows,
 )
 from .union import CLIP_FACTOR, Clipped, Moments, Rows, Union, clipped, union_statistics, weight_moments
 
@@ -79,6 +76,6 @@ __all__ = [
     "CLIP_FACTOR", "PUBLIC", "Clipped", "Fitted", "Job", "LinearHead", "Moments", "Rows", "Selection", "TrainReport",
     "Trainer", "Union", "build_model", "candidate_names", "clipped", "empty_head", "ensure_run_features", "families",
     "fit", "linear_heads", "needs_public", "party_summary", "public_covariance", "recalibrate_batchnorm",
-    "score_models", "select", "server_public", "test_accuracy", "train_classifier", "train_union", "union_statistics",
-    "sample_parties", "validation_rows", "weight_moments",
+    "score_models", "server_public", "test_accuracy", "train_classifier", "train_union", "union_statistics",
+    "sample_parties", "weight_moments",
 ]

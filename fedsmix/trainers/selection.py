@@ -1,14 +1,13 @@
-"""The `trainer` key's candidates over the registered families, their fit, and the honest selection: the parties
-score the candidates on the clean samples that held-out upload rows encode; the best is refit on every row."""
+"""The `trainer` key's candidates over the registered families, their fit, and the honest selection: every
+candidate (at most `tuning-budget`) is fit on the whole union, the parties score them on their own validation
+splits (fedsmix/tuning.py), and the best is the central model."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -19,6 +18,7 @@ from ..registry import TRAINERS
 from ..seeding import generator
 from ..space import public_in_space
 from ..training import evaluate, predict
+from ..tuning import draw_names, pooled
 from .base import Job, Trainer
 from .union import Union, clipped
 
@@ -134,31 +134,6 @@ def sample_parties(parties, k: int, seed: int, purpose: str) -> list[int]:
     return sorted(parties[i] for i in order[:k])
 
 
-def validation_rows(settings: Settings, parties: np.ndarray) -> np.ndarray:
-    """The rows held out for selection: `validation-fraction` of each voting party's rows (at least one), seeded;
-    the voters are `vote-parties` of the parties, sampled from the seed."""
-    held = []
-    for party in sample_parties(np.unique(parties), settings.vote_parties, settings.seed, "vote"):
-        rows = np.flatnonzero(parties == party)
-        k = max(1, math.ceil(settings.validation_fraction * len(rows)))
-        order = torch.randperm(len(rows), generator=generator(settings.seed, int(party), "validation")).numpy()
-        held.append(np.sort(rows[order[:k]]))
-    return np.concatenate(held) if held else np.empty(0, dtype=np.int64)
-
-
-def select(scores: dict[str, dict[str, int]], names: list[str]) -> tuple[str, dict[str, float]]:
-    """The candidate with the most correct predictions pooled over the parties (ties: the earlier name)."""
-    pooled = {}
-    for name in names:
-        correct = sum(int(s[name]["correct"]) for s in scores.values() if name in s)
-        total = sum(int(s[name]["n"]) for s in scores.values() if name in s)
-        pooled[name] = correct / total if total else float("nan")
-    valid = [n for n in names if not math.isnan(pooled[n])]
-    if not valid:
-        raise ValueError("no party scored any candidate: cannot select a trainer")
-    return max(valid, key=lambda n: (pooled[n], -names.index(n))), pooled
-
-
 @torch.no_grad()
 def score_models(models: dict[str, nn.Module], x: torch.Tensor, labels: torch.Tensor, device: str = "cpu") -> dict:
     """Correct predictions of each model on (x, labels): what a party reports for selection."""
@@ -182,9 +157,9 @@ class Selection:
     chosen: str
     model: nn.Module
     validation: dict[str, float]  # pooled party-validation accuracy per candidate (empty: nothing to choose)
-    held_out: int  # upload rows held out for the selection (refit on every row afterwards)
     report: dict
     voters: int = 0  # parties that scored the candidates
+    tried: list[str] = field(default_factory=list)  # the candidates the tuning budget drew
 
 
 def train_union(
@@ -194,37 +169,29 @@ def train_union(
     num_classes: int,
     device: str,
     *,
-    score: Callable[[dict[str, nn.Module], dict[int, np.ndarray]], dict] | None = None,
+    score: Callable[[dict[str, nn.Module]], dict] | None = None,
     public: torch.Tensor | None = None,
     progress: Progress = SILENT,
     **train_options,
 ) -> Selection:
-    """Select a trainer honestly and fit it on the whole union.
-
-    With several candidates: hold out `validation-fraction` of every party's rows, train the candidates
-    on the rest, and `score(models, {party: its held-out upload rows})` returns every party's counts
-    (`score_models` on its clean samples); the best is refit on every row. `train_options` reach the
-    final MLP fit (checkpoints, epoch hooks). `progress` hears the selection: its epochs, the scores, the choice.
+    """Select a trainer honestly: fit at most `tuning-budget` of the family's candidates (a seeded draw, the
+    first always) on the whole union, and `score(models)` returns every voting party's counts on its own
+    validation split (`score_models`); the best is the central model. `train_options` reach the MLP's fit
+    (checkpoints, epoch hooks). `progress` hears the selection: its epochs, the scores, the choice.
     """
-    names = candidate_names(settings, public is not None)
+    names = draw_names(settings, candidate_names(settings, public is not None), "mixup-union")
     if not names:
         raise ValueError(f"trainer {settings.trainer!r}: no candidate can be trained without the public set")
-    validation, held, scores = {}, np.empty(0, dtype=np.int64), {}
+    if len(names) > 1 and score is None:
+        raise ValueError(f"trainer {settings.trainer!r} has {len(names)} candidates and nobody to score them")
+    validation, scores = {}, {}
     if len(names) > 1:
-        if score is None:
-            raise ValueError(f"trainer {settings.trainer!r} has {len(names)} candidates and nobody to score them")
-        held = validation_rows(settings, union.parties)
-        keep = np.setdiff1d(np.arange(len(union)), held)
-        progress.emit("selection-start", candidates=len(names), **{"train-rows": len(keep), "held-out": len(held)})
-        report = progress.epochs(settings.epochs, phase="selection")
-        fitted = fit(settings, union.subset(keep), sample_shape, num_classes, device, names, public,
-                     on_epoch=lambda model, epoch, loss: report(epoch, loss))
-        scores = score(fitted.models, union.local_rows(held))
-        chosen, validation = select(scores, names)
+        progress.emit("selection-start", candidates=len(names), **{"train-rows": len(union)})
+    fitted = fit(settings, union, sample_shape, num_classes, device, names, public, **train_options)
+    chosen = names[0]
+    if len(names) > 1:
+        scores = score(fitted.models)
+        chosen, validation = pooled(scores, names)
         progress.emit("selection", chosen=chosen, voters=len(scores), scores=validation)
-        del fitted
-    else:
-        chosen = names[0]
-    final = fit(settings, union, sample_shape, num_classes, device, [chosen], public, **train_options)
-    return Selection(chosen, final.models[chosen], validation, len(held), final.reports.get(chosen, {}),
-                     voters=len(scores))
+    return Selection(chosen, fitted.models[chosen], validation, fitted.reports.get(chosen, {}),
+                     voters=len(scores), tried=names)

@@ -1,0 +1,86 @@
+"""One selection protocol for every strategy.
+
+Each party keeps `validation-fraction` of its own clean rows as a validation split (fedsmix/party.py): never
+encoded, uploaded or trained on. Every strategy tries at most `tuning-budget` settings, the configured one
+first and the rest a seeded draw from its search space below (random search: the same budget buys each
+strategy the same number of tries), and keeps the one with the most correct predictions pooled over the
+parties' validation splits; the test split is never read to choose. A setting's training curve comes with it:
+FedAvg/FedProx also choose the round to stop at, local-only parties the epoch, on the same scores.
+
+Who scores: mixup-union's candidates and FedAvg/FedProx's global models are scored by the parties (query
+`validate`, Flower's evaluate round), which answer counts on their own split for at most `query_cap` models a
+run; local-only parties choose alone, on their own split, and say only what they chose.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from .config import Settings
+from .seeding import generator
+
+# Search spaces, in the settings' own keys; the configured setting is tried first, on the grid or not.
+FEDERATED = {"client-lr": (0.2, 0.1, 0.05, 0.02, 0.01, 0.005), "local-epochs": (1, 2)}
+FEDPROX = {**FEDERATED, "proximal-mu": (0.001, 0.01, 0.1, 1.0)}
+LOCAL = {"lr": (1e-2, 3e-3, 1e-3, 3e-4, 1e-4)}
+SPACES = {"fedavg": FEDERATED, "fedprox": FEDPROX, "local-only": LOCAL}
+
+
+def configured(settings: Settings, space: dict[str, tuple]) -> dict:
+    """The setting the run's keys name, on the axes of `space`."""
+    return {key: getattr(settings, key.replace("-", "_")) for key in space}
+
+
+def draw(settings: Settings, strategy: str) -> list[dict]:
+    """At most `tuning-budget` settings of `strategy`'s search space: the configured one first, then a draw
+    from the seed (the same draw for every party and every transport)."""
+    space = SPACES[strategy]
+    first = configured(settings, space)
+    grid = [dict(zip(space, values, strict=True)) for values in itertools.product(*space.values())]
+    rest = [setting for setting in grid if setting != first]
+    order = torch.randperm(len(rest), generator=generator(settings.seed, strategy, "tuning")).tolist()
+    return [first] + [rest[i] for i in order[: settings.tuning_budget - 1]]
+
+
+def draw_names(settings: Settings, names: list[str], purpose: str) -> list[str]:
+    """At most `tuning-budget` of `names` (candidates of mixup-union's trainer): the first, then a seeded draw,
+    kept in their own order."""
+    if len(names) <= settings.tuning_budget:
+        return list(names)
+    order = torch.randperm(len(names) - 1, generator=generator(settings.seed, purpose, "tuning")).tolist()
+    keep = {0, *(1 + i for i in order[: settings.tuning_budget - 1])}
+    return [name for i, name in enumerate(names) if i in keep]
+
+
+def apply(settings: Settings, setting: dict) -> Settings:
+    return settings.replace(**{key.replace("-", "_"): value for key, value in setting.items()})
+
+
+def pooled(scores: dict[int, dict[str, dict[str, int]]], names: list) -> tuple[object, dict]:
+    """The candidate with the most correct predictions pooled over the parties (ties: the earlier one), and
+    every candidate's pooled accuracy. `scores`: party -> candidate -> {"correct", "n"}."""
+    accuracy = {}
+    for name in names:
+        correct = sum(int(s[name]["correct"]) for s in scores.values() if name in s)
+        total = sum(int(s[name]["n"]) for s in scores.values() if name in s)
+        accuracy[name] = correct / total if total else math.nan
+    valid = [n for n in names if not math.isnan(accuracy[n])]
+    if not valid:
+        raise ValueError("no party scored any candidate: nothing to choose with")
+    return max(valid, key=lambda n: (accuracy[n], -names.index(n))), accuracy
+
+
+def query_cap(settings: Settings) -> int:
+    """Models a party scores in one run before it refuses: `validation-queries`, or what the budget needs (each
+    strategy's settings, each scored once per round; the protocols never ask for more)."""
+    if settings.validation_queries:
+        return settings.validation_queries
+    return settings.tuning_budget * (max(settings.rounds, 1) + 1) * len(settings.strategies)
+
+
+def report(settings: Settings, tried: list[dict], chosen: int) -> dict:
+    """What a strategy's entry in results.json says about its selection."""
+    return {"tuning-budget": settings.tuning_budget, "chosen": tried[chosen], "tried": tried}
