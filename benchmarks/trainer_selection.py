@@ -3,9 +3,9 @@ honest selection sees) beside the clean test accuracy (what it must never see). 
 
     python benchmarks/trainer_selection.py --taus 1e-2,1e-3,1e-4,1e-6 --epochs 2
 
-Uploads are made exactly as a run makes them (`prepare_upload`, every party its whole partition);
-the candidates are fit on the union less `validation-fraction` of every party's rows, as
-`trainers.train_union` does, and scored by each party on the clean samples its held-out rows encode.
+Uploads are made exactly as a run makes them (`prepare_upload`, every party its partition less its validation
+split); every candidate (not only the tuning budget's draw) is fit on the union, as `trainers.train_union` does,
+and scored by each party on its own validation split.
 Writes benchmarks/results/trainer-selection.json.
 """
 
@@ -21,8 +21,9 @@ from common import DATA_DIR, write
 from fedsmix import data as datalib
 from fedsmix import trainers
 from fedsmix.config import load_settings
-from fedsmix.party import prepare_upload
+from fedsmix.party import load_partition, prepare_upload
 from fedsmix.space import load_test, mixing_shape
+from fedsmix.tuning import pooled
 
 
 def measure(preset: str, tau: float, parties: int, epochs: int, overrides: dict) -> dict:
@@ -36,16 +37,13 @@ def measure(preset: str, tau: float, parties: int, epochs: int, overrides: dict)
     shape, num_classes = mixing_shape(s), datalib.dataset_spec(s).num_classes
     union = trainers.Union(torch.from_numpy(x), y, rows,
                           *trainers.union_statistics([u.metrics for u in ups], int(np.prod(shape)), s.encoder))
-    held = trainers.validation_rows(s, rows)
     names = trainers.candidate_names(s)
-    fitted = trainers.fit(s, union.subset(np.setdiff1d(np.arange(len(y)), held)), shape, num_classes, "cpu", names,
-                         public=trainers.server_public(s))
-    offsets = np.cumsum([0] + [len(u.arrays["y"]) for u in ups])
+    fitted = trainers.fit(s, union, shape, num_classes, "cpu", names, public=trainers.server_public(s))
     scores = {}
-    for p, u in enumerate(ups):  # a party scores on the clean samples its held-out rows encode
-        mine = held[(held >= offsets[p]) & (held < offsets[p + 1])] - offsets[p]
-        scores[p] = trainers.score_models(fitted.models, u.partition.x[mine], u.partition.labels[mine])
-    chosen, validation = trainers.select(scores, names)
+    for p in range(parties):  # a party scores on its own validation split
+        held = load_partition(s, p, parties, "validation")
+        scores[p] = trainers.score_models(fitted.models, held.x, held.labels)
+    chosen, validation = pooled(scores, names)
     test = load_test(s)
     accuracy = {n: trainers.test_accuracy(m, test, "cpu")["accuracy"] for n, m in fitted.models.items()}
     record = {"tau": tau, "r": float(np.mean([u.metrics["radius"] for u in ups])), "noise_var": union.noise_var,

@@ -86,8 +86,8 @@ def describe(event: dict[str, Any]) -> str:
         if e.get("accuracy") is not None:
             text += f", test accuracy {_pct(e['accuracy'])}"
     elif kind == "selection-start":
-        text = (f"trainer selection: {g('candidates')} candidates trained on {g('train-rows')} rows, "
-                f"{g('held-out')} rows held out for the parties to score")
+        text = (f"trainer selection: {g('candidates')} candidates trained on {g('train-rows')} rows, for the parties "
+                "to score on their own validation splits")
     elif kind == "public-unavailable":
         skipped = ", ".join(e.get("skipped") or [])
         text = f"no public set on the server, trainer candidates {skipped} skipped: {g('reason')}"
@@ -100,8 +100,10 @@ def describe(event: dict[str, Any]) -> str:
         text = f"party {g('party')} done: {g('done')} of {g('of')}, test accuracy {_pct(e.get('accuracy'))}"
     elif kind == "round":
         answered = f"{g('answered')} of {g('sampled')} parties answered" if e.get("round") else "initial model"
-        text = (f"round {g('round')}/{g('rounds')}: {answered}, test accuracy {_pct(e.get('accuracy'))}, "
-                f"elapsed {clock(e.get('elapsed'))}, ETA {clock(e.get('eta'))}")
+        scored = f", validation {_pct(e['validation-accuracy'])}" if e.get("validation-accuracy") is not None else ""
+        text = (f"{g('phase') + ' ' if e.get('phase') else ''}round {g('round')}/{g('rounds')}: {answered}, "
+                f"test accuracy {_pct(e.get('accuracy'))}{scored}, elapsed {clock(e.get('elapsed'))}, "
+                f"ETA {clock(e.get('eta'))}")
     elif kind == "answers":
         text = f"{g('phase')}: {g('answered')} of {g('of')} parties answered"
     elif kind == "returned":

@@ -8,9 +8,11 @@ strategies know nothing of it: every value comes from the events they already em
 Tags (step: the epoch, the round or the party; 0 for a value a strategy has once):
 
     <strategy>/loss                  central training loss, every epoch
-    <strategy>/<phase>/loss          another central phase's loss (mixup-union/selection/loss)
+    <strategy>/<phase>/loss          another central phase's loss
     <strategy>/accuracy              test accuracy: the epochs that measured it (eval-every), FedAvg/FedProx rounds
-    <strategy>/<phase>/accuracy      FedAvg rounds inside a strategy (mixup-union/mixcon-split/accuracy)
+    <strategy>/<phase>/accuracy      FedAvg rounds inside a strategy (mixup-union/mixcon-split/accuracy), or of
+                                     one tuned setting (fedavg/setting-2-of-6/accuracy)
+    <strategy>/.../validation-accuracy  a tuned FedAvg/FedProx round: the voters' pooled validation accuracy
     <strategy>/local-loss            FedAvg/FedProx: the parties' mean local training loss, per round
     <strategy>/parties-answered      FedAvg/FedProx: the parties whose update was aggregated, per round
     <strategy>/party-accuracy        local-only: each party's own model (step: the party)
@@ -47,7 +49,7 @@ def _number(value: Any) -> float | None:
 
 
 def _slug(text: str) -> str:
-    return "-".join(str(text).split())
+    return "-".join(str(text).replace("/", " of ").split())
 
 
 def scalars(event: dict[str, Any]) -> list[tuple[str, float, int]]:
@@ -63,6 +65,7 @@ def scalars(event: dict[str, Any]) -> list[tuple[str, float, int]]:
         prefix = f"{strategy}/{_slug(event['phase'])}" if event.get("phase") else strategy
         step = event.get("round")
         out += [(f"{prefix}/accuracy", event.get("accuracy"), step),
+                (f"{prefix}/validation-accuracy", event.get("validation-accuracy"), step),
                 (f"{prefix}/local-loss", event.get("train-loss"), step),
                 (f"{prefix}/parties-answered", event.get("answered"), step)]
     elif kind == "party":

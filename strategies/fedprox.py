@@ -217,6 +217,7 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "", settings:
             answered=strategy.answered.get(server_round), sampled=len(strategy.sampled.get(server_round, [])) or None,
             eta=round(elapsed / server_round * (rounds - server_round), 3) if server_round else None,
             **({"train-loss": strategy.train_loss[server_round]} if server_round in strategy.train_loss else {}),
+            **({"validation-accuracy": score} if score is not None else {}),
             **({"phase": phase or label} if phase or label else {}),  # mixcon-split's rounds, a tuned setting
         )
         return MetricRecord(metrics)

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def mnist(data_dir):
+    # the attacked party's whole partition (no validation split: the batches the thresholds were measured on)
     settings = load_settings({"dataset": "mnist", "data-dir": data_dir, "train-subset": 600, "partitioner": "iid",
-                              "batch-size": 32, "rounds": 3})
+                              "batch-size": 32, "rounds": 3, "validation-fraction": 0.0, "tuning-budget": 1})
     return settings, load_partition(settings, 0, 2)
 
 

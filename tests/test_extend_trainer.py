@@ -30,7 +30,8 @@ def test_mixup_union_trains_the_toy_through_the_inprocess_transport(data_dir, ru
 
 
 def test_auto_scores_the_toy_with_every_built_in_family(data_dir, runs_dir, one_thread):
-    mix = inprocess.run(_overrides(data_dir, runs_dir, plugins="toy_trainer", trainer="auto"), 3)
+    mix = inprocess.run(_overrides(data_dir, runs_dir, plugins="toy_trainer", trainer="auto",
+                                   **{"tuning-budget": 100}), 3)  # a budget that reaches every candidate
     scored = mix["strategies"]["mixup-union"]["selection"]["validation-accuracy"]
     assert {"toy-nearest-mean", "mlp", "mlp-recal"} <= set(scored) and 0.5 < scored["toy-nearest-mean"] <= 1
     assert {name.split("@")[0] for name in scored} >= {"ridge", "ridge-eiv", "lda", "lda-public"}

@@ -251,8 +251,10 @@ def test_a_mixcon_party_uploads_h_of_its_partition(data_dir, runs_dir):
     assert 0 <= upload.metrics["separability-min"] <= upload.metrics["separability-mean"] <= 4
     # the whole protocol in one process: FedAvg trains h, parties upload h(x), the server trains the head
     result = inprocess.run(settings, 2)["strategies"]["mixup-union"]
-    assert result["encoder"] == "mixcon" and result["union-size"] == 600 and 0 <= result["accuracy"] <= 1
-    payload = 300 * (400 + 10) * 4  # h(x) and the soft labels, float32; the message adds its framing
+    trained = [len(load_partition(settings, p, 2).x) for p in range(2)]  # each party less its validation split
+    assert trained == [270, 270]
+    assert result["encoder"] == "mixcon" and result["union-size"] == sum(trained) and 0 <= result["accuracy"] <= 1
+    payload = trained[1] * (400 + 10) * 4  # h(x) and the soft labels, float32; the message adds its framing
     assert payload <= result["parties"]["1"]["upload-bytes"] < payload + 4096
 
 

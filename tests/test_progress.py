@@ -10,6 +10,7 @@ import time
 import pytest
 
 from commands.cli import main as cli
+from fedsmix import tuning
 from fedsmix.config import load_settings
 from fedsmix.progress import FILE, Progress, describe, follow, read_events
 
@@ -137,22 +138,23 @@ def assert_events_in_order(events: list[dict], settings, parties: int) -> None:
             uploads = [e for e in body if e["kind"] == "upload"]
             assert [e["done"] for e in uploads] == list(range(1, parties + 1))
             assert sorted(e["party"] for e in uploads) == list(range(parties))
-            chosen = next(e["chosen"] for e in body if e["kind"] == "selection")
-            final = ["epoch"] if chosen in ("mlp", "mlp-recal") else []
-            assert steps == ["upload", "selection-start", "epoch", "answers", "selection", *final, "answers",
+            # the candidates are fit once on the whole union (the MLP's epochs), scored, and the best kept
+            assert steps == ["upload", "selection-start", "epoch", "answers", "selection", "answers",
                              "returned"], steps
             answers = [e for e in body if e["kind"] == "answers"]  # each round says who answered, once at its end
             assert [(e["phase"], e["answered"], e["of"]) for e in answers] == [
                 ("trainer selection", parties, parties), ("model return", parties, parties)]
             epochs = [e for e in body if e["kind"] == "epoch"]
-            assert {e["phase"] for e in epochs} == {"selection", *(["central training"] if final else [])}
-            assert [e["epoch"] for e in epochs if e["phase"] == "selection"][-1] == settings.epochs
+            assert {e["phase"] for e in epochs} == {"central training"} and epochs[-1]["epoch"] == settings.epochs
         elif name == "local-only":
             assert steps == ["party"] and [e["done"] for e in body] == list(range(1, parties + 1))
             assert sorted(e["party"] for e in body) == list(range(parties))
         elif name in ("fedavg", "fedprox"):
-            assert steps == ["round"] and [e["round"] for e in body] == list(range(settings.rounds + 1))
-            assert all(e["answered"] == parties for e in body[1:])
+            tried = len(tuning.draw(settings, name))  # each setting the budget drew, its rounds in turn
+            assert steps == ["round"] and [e["round"] for e in body] == list(range(settings.rounds + 1)) * tried
+            assert all(e["answered"] == parties for e in body if e["round"])
+            assert [e.get("phase") for e in body if not e["round"]] == (
+                [f"setting {i + 1}/{tried}" for i in range(tried)] if tried > 1 else [None])
         elif name == "centralized":
             assert steps == ["epoch"] and body[-1]["epoch"] == settings.epochs and body[-1]["eta"] == 0
         assert own[-1]["accuracy"] is not None

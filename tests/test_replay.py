@@ -1,6 +1,8 @@
 """Same seeds, same results, on every CPU: the party module reproduces the uploads, and the in-process transport
 (the real ServerApp and ClientApp) the trained models, of a recorded run (tests/data/replay.json). The run is
-small (digits, 3 parties, 2 epochs / rounds) and on one thread.
+small (digits, 3 parties, 2 epochs / rounds) and on one thread, with no validation split and each strategy's
+configured setting (`validation-fraction` 0, `tuning-budget` 1: the record predates the shared selection protocol,
+whose draws tests/test_tuning.py checks).
 
 What holds where (docs/reliability.md, "Reproducibility"):
 - Upload bytes: the digests recorded by the code before the structural refactor, exact on PyTorch's vector

@@ -265,7 +265,7 @@ def test_robust_training_reaches_every_candidate_of_the_central_trainer(monkeypa
     y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 300)]
     union = Union(x, y, np.repeat(np.arange(3), 100))
     settings = load_settings({"trainer": "ridge", "head-penalties": "0.1", "validation-fraction": 0,
-                              "robust-training": "off"})
+                              "tuning-budget": 1, "robust-training": "off"})
     plain = trainers.fit(settings, union, (1, 4, 4), 3, "cpu", ["ridge@0.1"]).models["ridge@0.1"]
     robust = trainers.fit(settings.replace(robust_training="clip"), union, (1, 4, 4), 3, "cpu", ["ridge@0.1"])
     by_hand = trainers.fit(settings, trainers.clipped(union), (1, 4, 4), 3, "cpu", ["ridge@0.1"]).models["ridge@0.1"]

@@ -106,6 +106,7 @@ def tiny_preset(tmp_path_factory, data_dir):
         "rounds": 2,
         "proximal-mu": 0.1,
         "device": "cpu",
+        "tuning-budget": 2,
         "grid": {"parties": [2, 3], "radius-mode": ["theorem", "pixel-mapped"]},
     }
     path = root / "tiny.yaml"
@@ -136,7 +137,8 @@ def test_grid_writes_table_csv_and_plot(inprocess_grid):
     prox = by[("p2_radius-mode=theorem", "fedprox")]
     assert float(prox["accuracy"]) > 0.2 and float(prox["bytes-up-per-party"]) > 0
     # after the upload the model comes down to every party (and the trainer's candidates to those that score them)
-    model_bytes = float(prox["bytes-down-per-party"]) / 2  # FedProx: the global model, once per round (2 rounds)
+    assert prox["tuning"] == "2 tried, budget 2" and prox["chosen"].startswith("client-lr=")
+    model_bytes = float(prox["bytes-down-per-party"]) / 8  # FedProx: 2 settings x 2 rounds x (train, evaluate)
     assert float(mix["bytes-down-per-party"]) >= model_bytes > 0
     theorem = by[("p2_radius-mode=theorem", "mixup-union")]
     assert float(theorem["snr-bound-max"]) == pytest.approx(1.0)  # theorem mode: the bound is tau

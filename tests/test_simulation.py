@@ -32,8 +32,9 @@ def test_two_parties_all_strategies(runs_dir):
     # trainer=auto through the real messages: the parties scored every candidate, the model went back
     candidates = {"mlp", "mlp-recal"} | {f"{k}@{g:g}" for k in ("ridge", "ridge-eiv", "lda", "lda-public")
                                           for g in (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)}
-    assert set(mix["selection"]["validation-accuracy"]) == candidates and mix["trainer"] in candidates
-    assert mix["selection"]["held-out-rows"] > 0
+    tried = mix["tried"]  # the tuning budget's draw (6 by default) of the 26 candidates, scored by both parties
+    assert len(tried) == 6 and set(tried) <= candidates and mix["chosen"] == mix["trainer"] in tried
+    assert set(mix["selection"]["validation-accuracy"]) == set(tried) and mix["selection"]["voters"] == 2
     assert set(mix["returned"]["per-party-accuracy"]) == {"0", "1"} and mix["returned"]["min"] > 0.3
     assert all(down > 10_000 for down in mix["bytes-down-per-node"].values())  # candidates and the model
     for party in mix["parties"].values():

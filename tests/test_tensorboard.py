@@ -19,7 +19,7 @@ from fedsmix.tensorboard_log import TensorBoardSink, attach, scalars
 def _overrides(data_dir: str, runs_dir: str, **extra) -> dict:
     return {"preset": "configs/quickstart.yaml", "data-dir": data_dir, "runs-dir": runs_dir,
             "strategies": "mixup-union,fedavg,local-only", "epochs": 2, "rounds": 2, "eval-every": 1,
-            "head-penalties": "1.0", "seed": 5, **extra}
+            "head-penalties": "1.0", "seed": 5, "tuning-budget": 2, **extra}
 
 
 def _event_files(folder: Path) -> list[Path]:
@@ -43,13 +43,17 @@ def test_a_run_writes_its_scalars_and_they_equal_results_json(data_dir, runs_dir
         assert tags[f"{name}/bytes-up-per-party"] == [(0, pytest.approx(res["mean-bytes-up-per-party"]))], name
         assert tags[f"{name}/bytes-down-per-party"] == [(0, pytest.approx(res["mean-bytes-down-per-party"]))], name
         assert tags[f"{name}/wall-seconds"][0][1] >= res["wall-seconds"] > 0, name  # its adversary included
-    fedavg = results["strategies"]["fedavg"]
-    assert tags["fedavg/accuracy"] == [(p["round"], pytest.approx(p["accuracy"])) for p in fedavg["curve"]]
-    assert [step for step, _ in tags["fedavg/accuracy"]] == [0, 1, 2]
-    assert [step for step, _ in tags["fedavg/local-loss"]] == [1, 2]
-    assert tags["fedavg/parties-answered"] == [(1, 3), (2, 3)]
+    fedavg = results["strategies"]["fedavg"]  # each tuned setting has its own curve; results.json the chosen one's
+    chosen = f"fedavg/setting-{fedavg['tried'].index(fedavg['chosen']) + 1}-of-2"
+    assert tags[f"{chosen}/accuracy"] == [(p["round"], pytest.approx(p["accuracy"])) for p in fedavg["curve"]]
+    assert tags[f"{chosen}/validation-accuracy"] == [
+        (p["round"], pytest.approx(p["validation-accuracy"])) for p in fedavg["curve"] if "validation-accuracy" in p]
+    for setting in ("fedavg/setting-1-of-2", "fedavg/setting-2-of-2"):
+        assert [step for step, _ in tags[f"{setting}/accuracy"]] == [0, 1, 2]
+        assert [step for step, _ in tags[f"{setting}/local-loss"]] == [1, 2]
+        assert tags[f"{setting}/parties-answered"] == [(1, 3), (2, 3)]
     mix = results["strategies"]["mixup-union"]
-    assert [step for step, _ in tags["mixup-union/selection/loss"]] == [1, 2]  # the trainer candidates' epochs
+    assert [step for step, _ in tags["mixup-union/loss"]] == [1, 2]  # the MLP's epochs (the first candidate)
     # the chosen trainer's own epochs (none for a closed-form one), each measured with eval-every 1
     assert tags.get("mixup-union/accuracy", []) == [(p["epoch"], pytest.approx(p["accuracy"])) for p in mix["curve"]]
     assert tags["mixup-union/returned-accuracy"] == [(0, pytest.approx(mix["returned"]["mean"]))]

@@ -1,0 +1,133 @@
+"""One selection protocol for every strategy (fedsmix/tuning.py): the parties' validation splits, the tuning
+budget each strategy gets, and the cap on what a party answers."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Context, RecordDict
+
+from clients.app import QueryRefused, spend_queries
+from commands import inprocess
+from fedsmix import tuning
+from fedsmix.config import SettingsError, load_settings
+from fedsmix.party import load_partition, prepare_upload
+from server.context import RunAborted
+
+
+def _overrides(data_dir, runs_dir, **extra):
+    return {"dataset": "digits", "data-dir": data_dir, "runs-dir": runs_dir, "tau": 1.0, "epochs": 2, "rounds": 3,
+            "seed": 5, **extra}
+
+
+def test_a_partys_validation_split_is_never_encoded_or_uploaded(data_dir):
+    settings = load_settings({"dataset": "digits", "data-dir": data_dir, "validation-fraction": 0.2})
+    whole = load_settings({"dataset": "digits", "data-dir": data_dir, "validation-fraction": 0.0, "tuning-budget": 1})
+    for party in range(3):
+        train, held = load_partition(settings, party, 3), load_partition(settings, party, 3, "validation")
+        everything = load_partition(whole, party, 3)
+        assert not set(train.rows) & set(held.rows)  # disjoint, and together the party's whole partition
+        assert sorted([*train.rows, *held.rows]) == sorted(everything.rows)
+        assert len(held.rows) == int(np.ceil(0.2 * len(everything.rows)))
+        upload = prepare_upload(settings, party, 3)
+        assert len(upload.arrays["x"]) == len(train.rows)  # one encoding of each training row, none of the split
+
+
+def test_the_budget_draws_the_configured_setting_first_and_the_same_draw_every_time():
+    settings = load_settings({"tuning-budget": 4, "client-lr": 0.03, "local-epochs": 1})
+    tried = tuning.draw(settings, "fedavg")
+    assert len(tried) == 4 and tried[0] == {"client-lr": 0.03, "local-epochs": 1}  # off the grid, still first
+    assert len({tuple(t.items()) for t in tried}) == 4 and tried == tuning.draw(settings, "fedavg")
+    assert tuning.draw(settings.replace(tuning_budget=1), "fedprox") == [
+        {"client-lr": 0.03, "local-epochs": 1, "proximal-mu": settings.proximal_mu}]
+    names = [f"c{i}" for i in range(10)]
+    assert tuning.draw_names(settings, names, "mixup-union")[0] == "c0"
+    assert len(tuning.draw_names(settings, names, "mixup-union")) == 4
+
+
+def test_no_validation_split_means_no_tuning():
+    with pytest.raises(SettingsError, match="validation-fraction 0 leaves nothing to choose"):
+        load_settings({"validation-fraction": 0, "tuning-budget": 3})
+
+
+def test_a_party_refuses_queries_beyond_its_budget():
+    settings = load_settings({"tuning-budget": 2, "rounds": 3, "strategies": "fedavg"})
+    assert tuning.query_cap(settings) == 2 * 4 * 1
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(),
+                      run_config={})
+    spend_queries(settings, context, 0, 6)
+    spend_queries(settings, context, 0, 2)
+    with pytest.raises(QueryRefused, match="party 0: scored 8 models of its 8 this run; refuses 1 more"):
+        spend_queries(settings, context, 0, 1)
+    own = Context(run_id=1, node_id=8, node_config={"max-validation-queries": 3}, state=RecordDict(), run_config={})
+    with pytest.raises(QueryRefused, match="of its 3 this run"):  # a deployed party names its own cap
+        spend_queries(settings, own, 1, 4)
+
+
+def test_a_server_that_asks_for_more_than_the_cap_gets_no_answer(data_dir, runs_dir, one_thread):
+    """Through the real path: six candidates against a cap of five models a run: every party refuses, so nothing
+    is chosen and the strategy fails saying so (the other strategies of the run go on)."""
+    overrides = _overrides(data_dir, runs_dir, strategies="mixup-union,local-only", **{"validation-queries": 5})
+    with pytest.raises(RunAborted, match="mixup-union: ValueError: no party scored any candidate") as failed:
+        inprocess.run(overrides, 3)
+    path = re.search(r"partial results in (\S+)\)", str(failed.value))[1]
+    results = json.loads(Path(path).read_text())["strategies"]
+    assert results["local-only"]["accuracy"] > 0.3  # a local-only party tunes alone and asks nobody
+
+
+def test_fedavg_and_fedprox_choose_setting_and_round_on_the_parties_validation(data_dir, runs_dir, one_thread):
+    results = inprocess.run(_overrides(data_dir, runs_dir, strategies="fedavg,fedprox,local-only",
+                                       **{"tuning-budget": 3}), 3)["strategies"]
+    for name in ("fedavg", "fedprox"):
+        res = results[name]
+        assert res["tuning-budget"] == 3 and len(res["tried"]) == 3
+        scores = res["tried-validation-accuracy"]
+        assert res["chosen"] == res["tried"][int(np.argmax(scores))], name
+        validated = {p["round"]: p["validation-accuracy"] for p in res["curve"] if "validation-accuracy" in p}
+        assert sorted(validated) == [1, 2, 3]  # every round scored by the voters, none of round 0
+        assert res["stopped-at"] == max(validated, key=lambda r: (validated[r], -r)), name
+        assert res["validation-accuracy"] == validated[res["stopped-at"]] == max(scores)
+        assert res["accuracy"] == next(p["accuracy"] for p in res["curve"] if p["round"] == res["stopped-at"])
+    local = results["local-only"]
+    assert local["tuning-budget"] == 3 and len(local["tried"]) == 3
+    assert set(local["chosen-per-party"]) == {"0", "1", "2"}
+    assert all(choice["lr"] in tuning.LOCAL["lr"] + (1e-3,) for choice in local["chosen-per-party"].values())
+
+
+def test_budget_one_runs_the_configured_setting_without_an_evaluation_round(data_dir, runs_dir, one_thread):
+    results = inprocess.run(_overrides(data_dir, runs_dir, strategies="fedavg", **{"tuning-budget": 1}), 3)
+    res = results["strategies"]["fedavg"]
+    assert res["tried"] == [{"client-lr": 0.05, "local-epochs": 1}] and res["stopped-at"] == 3
+    assert not any("validation-accuracy" in p for p in res["curve"])
+
+
+def test_what_crafted_candidates_learn_is_the_class_histogram_and_the_cap_stops_it(data_dir):
+    """The leakage docs/attacks.md states, measured: one constant model per class, scored by the party's own
+    function, returns its validation split's exact class counts; under a cap below C the party refuses."""
+    from torch import nn
+
+    from fedsmix.trainers import score_models
+
+    class Constant(nn.Module):
+        def __init__(self, label: int):
+            super().__init__()
+            self.label = label
+
+        def forward(self, x):
+            return nn.functional.one_hot(torch.full((len(x),), self.label), 10).float()
+
+    settings = load_settings({"dataset": "digits", "data-dir": data_dir, "strategies": "mixup-union",
+                              "tuning-budget": 3, "rounds": 1})
+    held = load_partition(settings, 0, 3, "validation")
+    crafted = {f"class-{c}": Constant(c) for c in range(10)}
+    counts = score_models(crafted, held.x, held.labels)
+    assert [counts[f"class-{c}"]["correct"] for c in range(10)] == torch.bincount(held.labels, minlength=10).tolist()
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    assert tuning.query_cap(settings) == 6 < len(crafted)
+    with pytest.raises(QueryRefused):  # the handler asks before it scores: the whole query is refused
+        spend_queries(settings, context, 0, len(crafted))
