@@ -7,6 +7,7 @@ the permutation, the seed or a raw sample.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -100,14 +101,20 @@ class QueryRefused(RuntimeError):
 
 
 def spend_queries(settings: Settings, context: Context, party: int, models: int) -> None:
-    """Count `models` scored against this run's cap, kept in the node's own state; refuse beyond it (a server
-    that keeps asking learns nothing more). A deployed party names its own cap in its node config."""
-    cap = int(context.node_config.get("max-validation-queries", 0)) or tuning.query_cap(settings)
+    """Count `models` scored against the cap, kept in the node's own state; refuse beyond it (a server that keeps
+    asking learns nothing more). A deployed party names its own cap in its node config (`max-validation-queries`):
+    it counts everything the node scores in the run. Otherwise the cap is what the settings' tuning budget needs,
+    counted per experiment (per settings: a frontier runs several in one run); as the settings come from the
+    server, only the node's own cap binds a server that lies about them."""
+    own = int(context.node_config.get("max-validation-queries", 0))
+    cap = own or tuning.query_cap(settings)
+    key = "node" if own else hashlib.sha256(settings.to_json().encode()).hexdigest()[:16]
     record = context.state.get("validation-queries")
-    used = int(record["scored"]) if isinstance(record, MetricRecord) else 0
+    counts = dict(record) if isinstance(record, MetricRecord) else {}
+    used = int(counts.get(key, 0))
     if used + models > cap:
         raise QueryRefused(f"party {party}: scored {used} models of its {cap} this run; refuses {models} more")
-    context.state["validation-queries"] = MetricRecord({"scored": used + models})
+    context.state["validation-queries"] = MetricRecord({**counts, key: used + models})
 
 
 @app.query(wire.VALIDATE)
