@@ -56,9 +56,10 @@ PARTY_SERVICES = ("supernode", "superexec-clientapp")
 
 # What docs/deployment.md runs against the containers (paths are the containers'); the smoke
 # test runs the same, with the paths mapped to this machine.
-# The demo shows the deployment, not the trainers: one MLP (no selection round) and no model sent back, so each
-# party gets the hello, the encode query and one message per FedProx round (a ClientApp process each); the
-# selection and return rounds are tested through the simulations (tests/test_simulation.py).
+# The demo shows the deployment, not the trainers: one MLP and each strategy's configured setting (no selection
+# or evaluation round) and no model sent back, so each party gets the hello, the encode query and one message per
+# FedProx round (a ClientApp process each); the selection and return rounds are tested through the simulations
+# (tests/test_simulation.py, tests/test_tuning.py).
 DEMO_RUN_CONFIG = {
     "preset": "configs/quickstart.yaml",
     "strategies": "mixup-union,fedprox",
@@ -66,6 +67,7 @@ DEMO_RUN_CONFIG = {
     "rounds": 2,
     "trainer": "mlp",
     "return-model": False,
+    "tuning-budget": 1,
     "runs-dir": "/app/runs",
 }
 # The run in the clear: the demo's strategies with a third party, whose SuperNode is killed when

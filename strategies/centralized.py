@@ -29,6 +29,8 @@ def run(ctx: RunContext) -> dict:
         "accuracy": metrics["accuracy"],
         "test-loss": metrics["loss"],
         "train-size": len(labels),
+        # the bound is not tuned: it runs its configured setting (no party holds its validation split here)
+        "tuning-budget": 1, "tried": [{"lr": s.lr, "epochs": s.epochs}], "chosen": {"lr": s.lr, "epochs": s.epochs},
         "train-seconds": report.seconds,
         "wall-seconds": time.perf_counter() - t0,
         **weights_record(model),
