@@ -291,6 +291,7 @@ def tuned(ctx: RunContext, strategy: str) -> dict:
     torch.save({k: v.detach().cpu() for k, v in models[best].state_dict().items()}, path)
     return {
         **results[best],
+        **tuned_privacy(s, results),
         **tuning.report(s, tried, best),
         "validation-accuracy": scores[best],
         "tried-validation-accuracy": [scores[i] for i in range(len(tried))],
@@ -299,6 +300,27 @@ def tuned(ctx: RunContext, strategy: str) -> dict:
         "wall-seconds": time.perf_counter() - t0,
         **bytes_summary(ctx, sorted(set(ctx.traffic.to_node))),
     }
+
+
+def tuned_privacy(settings: Settings, results: list[dict]) -> dict:
+    """A differential-privacy guarantee covers every setting tried: each trained on the parties' data. DP-FedAvg's
+    accountant is run again over all their releases; DP-SGD's per-setting epsilons add up (sequential
+    composition, an upper bound)."""
+    out = {}
+    for name, _ in active(settings):
+        blocks = [r[name] for r in results if isinstance(r.get(name), dict) and "epsilon" in r[name]]
+        if len(blocks) != len(results):
+            continue
+        one = blocks[0]
+        if name in SERVER_SIDES:
+            releases = sum(b["releases"] for b in blocks)
+            block = SERVER_SIDES[name].report(settings, one["sampled-per-round"], one["parties"], list(range(releases)))
+            how = f"the accountant over the {releases} releases of all {len(results)} settings tried"
+        else:
+            block = {**one, "epsilon": sum(float(b["epsilon"]) for b in blocks if b["epsilon"] is not None)}
+            how = f"the sum over the {len(results)} settings tried (sequential composition, an upper bound)"
+        out[name] = {**block, "epsilon-one-setting": one["epsilon"], "tuning-composition": how}
+    return out
 
 
 def run(ctx: RunContext) -> dict:

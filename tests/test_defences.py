@@ -182,16 +182,24 @@ def test_a_dp_run_reports_the_accountants_epsilon_with_every_defence_at_once(run
 
     overrides = {"dataset": "digits", "strategies": "fedavg", "rounds": 2, "batch-size": 32, "runs-dir": runs_dir,
                  "partitioner": "iid", "model-norm": "group", "dp-fedavg": "client", "dp-noise-multiplier": 1.5,
-                 "dp-clipping-norm": 0.5, "dp-sgd-epsilon": 6.0, "batch-mix": "instahide", "prune-ratio": 0.9}
+                 "dp-clipping-norm": 0.5, "dp-sgd-epsilon": 6.0, "batch-mix": "instahide", "prune-ratio": 0.9,
+                 "tuning-budget": 2}
     result = simulate(overrides, num_parties=2)["strategies"]["fedavg"]
     assert "error" not in result, result.get("error")
     dp = result["dp-fedavg"]
-    accountant = rdp.RdpAccountant()  # Google's RDP accountant directly, add-or-remove-one adjacency
-    accountant.compose(dp_event.GaussianDpEvent(1.5), 2)
-    assert dp["releases"] == 2 and dp["sampled-per-round"] == 2
-    assert dp["epsilon"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-6)
+
+    def accountant(releases: int) -> float:  # Google's RDP accountant directly, add-or-remove-one adjacency
+        rdp_accountant = rdp.RdpAccountant()
+        rdp_accountant.compose(dp_event.GaussianDpEvent(1.5), releases)
+        return rdp_accountant.get_epsilon(1e-5)
+
+    # both settings tried trained on the parties' data: the guarantee covers their 2 x 2 releases
+    assert dp["releases"] == 4 and dp["sampled-per-round"] == 2
+    assert dp["epsilon"] == pytest.approx(accountant(4), rel=1e-6)
+    assert dp["epsilon-one-setting"] == pytest.approx(accountant(2), rel=1e-6)
     assert dp["noise-std"] == pytest.approx(1.5 * 0.5 / 2)
-    assert result["dp-sgd"]["epsilon"] == pytest.approx(6.0, rel=0.02)
+    assert result["dp-sgd"]["epsilon-one-setting"] == pytest.approx(6.0, rel=0.02)
+    assert result["dp-sgd"]["epsilon"] == pytest.approx(12.0, rel=0.02)  # sequential composition of the two
     saved = torch.load(result["global-model"], weights_only=True)
     assert not any("running" in key for key in saved)  # GroupNorm: every array sent is clipped and noised
 
