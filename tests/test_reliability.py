@@ -140,6 +140,7 @@ def test_a_party_that_times_out_is_dropped_in_every_strategy(runs_dir):
             "strategies": "mixup-union,local-only,fedprox",
             "fault": "timeout:2",
             "reply-timeout": timeout,
+            "tuning-budget": 2,  # the stalled party times out in each setting's rounds: two settings show it
             "runs-dir": runs_dir,
         },
         num_parties=PARTIES,

@@ -219,7 +219,8 @@ def test_a_grid_cell_through_flowers_simulation_matches_the_inprocess_transport(
     inprocess = {r["strategy"]: r for r in csv.DictReader((inprocess_grid[1] / "table.csv").open())
                  if r["cell"] == plan.cells[0].id}
     for col in ("radius-mean", "D-mean", "c-mean", "snr-bound-max", "snr-empirical-mean"):
-        assert float(inprocess["mixup-union"][col]) == float(sim["mixup-union"][col]), col
+        # the same computation; Ray's actors run one thread where this process runs two (sums in another order)
+        assert float(inprocess["mixup-union"][col]) == pytest.approx(float(sim["mixup-union"][col]), rel=1e-12), col
     for col in ("bytes-up-per-party", "bytes-down-per-party"):  # the same messages; only the runs-dir path differs
         assert float(inprocess["mixup-union"][col]) == pytest.approx(float(sim["mixup-union"][col]), rel=1e-3), col
     for strategy in ("mixup-union", "local-only", "fedprox"):
