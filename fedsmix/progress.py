@@ -90,7 +90,8 @@ def describe(event: dict[str, Any]) -> str:
                 "to score on their own validation splits")
     elif kind == "public-unavailable":
         skipped = ", ".join(e.get("skipped") or [])
-        text = f"no public set on the server, trainer candidates {skipped} skipped: {g('reason')}"
+        text = (f"trainer candidates {skipped} skipped (they need the server's public set, which is optional: "
+                f"{g('reason')}); the other candidates run")
     elif kind == "selection":
         scores = {n: v for n, v in (e.get("scores") or {}).items() if isinstance(v, int | float) and v == v}
         best = sorted(scores.items(), key=lambda kv: -kv[1])[:3]
