@@ -682,7 +682,10 @@ def health_checks(stack: Stack) -> list[str]:
     for name in stack.long_running():
         if name in stack.killed:
             continue
-        rerun = stack.podman("healthcheck", "run", stack.container(name), check=False, timeout=60)
+        for _ in range(3):  # as podman's own retries: a check that cannot start in its 5 s on a loaded machine
+            rerun = stack.podman("healthcheck", "run", stack.container(name), check=False, timeout=60)
+            if rerun.returncode == 0 or "exceeded timeout" not in _tail(rerun, 300):
+                break
         status = stack.health(name)
         if status != "healthy" or rerun.returncode != 0:
             problems.append(f"{name}: health {status}, check now: {_tail(rerun, 300) or rerun.returncode}")
