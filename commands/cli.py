@@ -174,9 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     for module in (grid, attack, frontier, mixcon, invert):
         module.register(sub)
     args = parser.parse_args(argv)
+    from fedsmix.data import DatasetUnavailable
+
     try:
         return args.func(args)
-    except SettingsError as err:
+    except (SettingsError, DatasetUnavailable) as err:  # what the user can fix: one message, no traceback
         print(f"fedsmix: {err}", file=sys.stderr)
         return 2
 

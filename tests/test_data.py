@@ -237,3 +237,17 @@ def test_a_clone_with_nothing_beside_it_reads_its_data_from_the_users_cache(tmp_
     assert datalib.default_data_dir() == Path("~/.cache/fedsmix/data").expanduser()
     monkeypatch.setenv(datalib.DATA_DIR_ENV, str(tmp_path / "mine"))
     assert datalib.default_data_dir() == tmp_path / "mine" and datalib.default_data_dir("x") == Path("x")
+
+
+def test_a_missing_data_set_ends_every_command_with_one_message(monkeypatch, capsys):
+    """`features`, `attack`, `grid`, ... read data sets outside `run`'s early check: a missing one ends the command
+    with the loader's own message (where it looked, what to put there) and exit code 2, not a traceback."""
+    import commands.cli
+
+    def missing(args):
+        raise data.DatasetUnavailable("dataset 'cifar10' (train) not found. Tried: /nowhere/cifar10.npz")
+
+    monkeypatch.setattr(commands.cli, "cmd_features", missing)
+    assert commands.cli.main(["features", "--set", "backbone=resnet18"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedsmix: dataset 'cifar10' (train) not found") and "Traceback" not in err
