@@ -369,17 +369,15 @@ def tune_local(settings: Settings, part: Partition, validation: Partition, initi
     from . import tuning
 
     tried = tuning.draw(settings, "local-only") if len(validation.labels) else [{}]
-    best, best_index, accuracy = None, 0, []
+    results, counts = [], {}
     for i, setting in enumerate(tried):
-        result = train_local(tuning.apply(settings, setting), part, initial, mode="local-only", device=device,
-                             on_epoch=on_epoch if i == 0 else None)
+        results.append(train_local(tuning.apply(settings, setting), part, initial, mode="local-only",
+                                   device=device, on_epoch=on_epoch if i == 0 else None))
         if len(tried) == 1:
-            return result, 0, accuracy
-        counts = score_model(settings, result.state(), validation, device)
-        accuracy.append(counts["correct"] / counts["n"])
-        if best is None or accuracy[-1] > accuracy[best_index]:
-            best, best_index = result, i
-    return best, best_index, accuracy
+            return results[0], 0, []
+        counts[i] = score_model(settings, results[-1].state(), validation, device)
+    best, accuracy = tuning.pooled({part.party: counts}, list(range(len(tried))))  # the one rule, one voter
+    return results[best], best, [accuracy[i] for i in range(len(tried))]
 
 
 def personalize(settings: Settings, part: Partition, name: str, state: dict, device: str = "cpu") -> torch.nn.Module:

@@ -163,13 +163,14 @@ def aggregator_options(settings: Settings, sampled: int) -> dict:
 
 
 def federate(ctx: RunContext, mu: float, rounds: int, label: str = "", settings: Settings | None = None,
-             voters: list[int] | None = None, phase: str = "") -> tuple[torch.nn.Module, dict]:
+             voters: list[int] | None = None, phase: str = "", save: bool = True) -> tuple[torch.nn.Module, dict]:
     """`rounds` of FedProx (FedAvg: mu = 0) from the run's initial model; the global model and the report.
     The global model is saved as global-model-<label>.pt (default: fedprox or fedavg) for the attacker.
 
     `settings`: one setting a tuned run tries (default: the run's). With `voters`, each round's global model
     is scored by those parties on their validation splits, and the model kept is the round they score best
-    (its round is `stopped-at`); without, the last round's.
+    (its round is `stopped-at`); without, the last round's. `save=False`: no model file (a tuned run saves only
+    the setting it keeps).
 
     Also the first phase of encoder=mixcon (strategies/mixup_union.py): the split model, trained with the
     MixCon term by the parties' `train_local`, before each party uploads h(x) once.
@@ -237,7 +238,8 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "", settings:
     nodes = sorted(set(ctx.traffic.to_node))
     final = next((p["accuracy"] for p in curve if p["round"] == stopped), None)
     path = ctx.run_dir / f"global-model-{label or ('fedprox' if mu > 0 else 'fedavg')}.pt"
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)  # a trained round to attack
+    if save:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)  # a trained round to attack
     train_metrics = {str(k): dict(v) for k, v in result.train_metrics_clientapp.items()}
     last = train_metrics[max(train_metrics, key=int)] if train_metrics else {}  # the parties' mean, last round
     extra = {name: side.report(s, sampled, parties, strategy.released) for name, side in servers}
@@ -259,7 +261,7 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "", settings:
         "wall-seconds": time.perf_counter() - t0,
         "train-metrics": train_metrics,
         "local-train-seconds": sum(float(m.get("train-seconds", 0.0)) for m in train_metrics.values()),
-        "global-model": str(path),
+        **({"global-model": str(path)} if save else {}),
         **weights_record(model),
         **extra,
         **bytes_summary(ctx, nodes),
@@ -281,7 +283,7 @@ def tuned(ctx: RunContext, strategy: str) -> dict:
     for i, setting in enumerate(tried):
         settings = tuning.apply(s, setting)
         model, result = federate(ctx, mu(settings), s.rounds, settings=settings, voters=voters,
-                                 phase=f"setting {i + 1}/{len(tried)}")
+                                 phase=f"setting {i + 1}/{len(tried)}", save=False)
         results.append(result)
         models.append(model)
     scores = {i: max((p.get("validation-accuracy", -1.0) for p in r["curve"]), default=-1.0)
