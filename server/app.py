@@ -21,6 +21,7 @@ from fedsmix.tensorboard_log import attach as attach_tensorboard
 from server import results as results_io
 from server import resume
 from server.context import RunAborted, RunContext
+from server.linkstate import index_messages_by_node
 
 
 def run_experiment(grid: Grid, settings: Settings, run_id: int = 0) -> dict:
@@ -145,7 +146,11 @@ def name_parties(results: dict, node_party: dict[int, int]) -> None:
 
 
 def make_app(overrides: dict | None = None) -> ServerApp:
-    """The ServerApp. `flwr run` passes overrides through the run; in-process callers pass them here."""
+    """The ServerApp. `flwr run` passes overrides through the run; in-process callers pass them here.
+
+    Flower's simulation engine runs in the process that loads this module: its in-memory LinkState gets the
+    per-node message index (server/linkstate.py), so a round's cost grows with the parties, not their square."""
+    index_messages_by_node()
     server_app = ServerApp()
 
     @server_app.main()
