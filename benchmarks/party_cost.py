@@ -1,9 +1,10 @@
 """Benchmark: the cost of one more party. mixup-union on MNIST, IID partitions, 2 epochs, through `fedsmix run`
 (Flower's simulation engine behind `flwr run`, as a user runs it) at each party count, one after another.
 
-Per run: wall seconds end to end, the split by phase read from the run's progress.jsonl (start: the `flwr` CLI,
-SuperLink, Ray and the parties' cold start until every hello answered; uploads; selection; central training; the
-model's return; the rest), seconds per party of the upload phase, and the peak memory of the process tree.
+Per run: wall seconds end to end, the split by phase read from the run's progress.jsonl (before the ServerApp:
+the `flwr` CLI, SuperLink and Ray; the hello, with the parties' cold start; uploads; selection; central training;
+the model's return; the rest; after the ServerApp), seconds per party of the upload phase, each round's messages,
+bytes and seconds, honest parties quarantined, and the peak memory of the process tree.
 
     .venv/bin/python benchmarks/party_cost.py [--parties 100,1000] [--epochs 2]
 """
@@ -11,6 +12,8 @@ model's return; the rest), seconds per party of the upload phase, and the peak m
 from __future__ import annotations
 
 import argparse
+import time
+from datetime import UTC, datetime
 
 from common import DATA_DIR, PROJECT, through_flower, write
 
@@ -45,14 +48,21 @@ def phases(events: list[dict]) -> dict[str, float]:
 
 
 def one_run(overrides: dict, parties: int) -> dict:
+    called = time.time()
     seconds, results, memory = through_flower(overrides, parties, RUNS)
     mix = results["strategies"]["mixup-union"]
-    split = phases(read_events(RUNS / "latest" / "progress.jsonl"))
-    split["outside the ServerApp (flwr CLI, SuperLink, Ray)"] = round(seconds - (split and sum(split.values())), 2)
+    events = read_events(RUNS / "latest" / "progress.jsonl")
+    split = phases(events)
+    outside = seconds - (split and sum(split.values()))
+    # the ServerApp's first event is stamped to the second: the rest of `outside` is after its last event
+    started = datetime.strptime(events[0]["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    split["before the ServerApp (flwr CLI, SuperLink, Ray start; +-1 s)"] = round(started - called, 1)
+    split["after the ServerApp (SuperLink and Ray stop; +-1 s)"] = round(outside - (started - called), 1)
     row = {"parties": parties, "wall-seconds": round(seconds, 1), "accuracy": mix["accuracy"],
+           "parties-used": mix["parties-used"], "quarantined": len(mix["quarantined"]),
            "upload-seconds-per-party": round(mix["upload-seconds"] / parties, 4), "phases-seconds": split,
            "voters": mix["selection"].get("voters"), "returned": (mix.get("returned") or {}).get("sampled"),
-           "memory": memory}
+           "rounds": mix.get("rounds"), "memory": memory}
     print(f"{parties} parties: {seconds:.1f} s, {row['upload-seconds-per-party']:.3f} s/party uploading, "
           f"accuracy {mix['accuracy']:.4f}, phases {split}", flush=True)
     return row

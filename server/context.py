@@ -33,6 +33,8 @@ class Traffic:
     to_node: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     from_node: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     destinations: dict[str, int] = field(default_factory=dict)  # message id -> node it was sent to
+    rounds: list[dict] = field(default_factory=list)  # each push: kind, messages, replies, bytes each way, seconds
+    round_of: dict[str, dict] = field(default_factory=dict)  # message id -> its round (until its reply came)
 
 
 @dataclass
@@ -150,7 +152,8 @@ class RunContext:
 
     def counting_grid(self) -> CountingGrid:
         """The grid to hand to Flower strategies: it books every byte into `traffic`."""
-        return CountingGrid(self.grid, self.traffic.to_node, self.traffic.from_node, self.traffic.destinations)
+        t = self.traffic
+        return CountingGrid(self.grid, t.to_node, t.from_node, t.destinations, t.rounds, t.round_of)
 
     def reset_traffic(self) -> Traffic:
         old, self.traffic = self.traffic, Traffic()

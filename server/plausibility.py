@@ -13,8 +13,10 @@ Per upload (`examine`, flat guard clauses like validation.py):
   [1 - alpha, alpha]: at most two non-zero entries, each in [1 - alpha, alpha], or one entry 1 when both
   sources share a class. No encoder (`none`): one-hot rows. Mixup/InstaHide: at most mix-k (cross: 2).
 - `energy`: the mean squared distance of a row to the upload's mean against the one the report predicts.
-  For x~ = w1 x_i + w2 (x_pi(i) + e_i) with |e| = r: E||x~ - mean||^2 = E[w1^2 + w2^2] V + E[w2^2] r^2 (the
-  cross term averages to -V/(n-1) under a derangement), E[w^2] from central.weight_moments(alpha).
+  For x~ = w1 x_i + w2 (x_pi(i) + e_i) with |e| = r, over n rows: E||x~ - mean||^2 = E[w1^2 + w2^2] V
+  + E[w2^2] r^2 (1 - 1/n) - 2 E[w1 w2] V / (n - 1) (the cross term averages to -V/(n-1) under a derangement),
+  E[w^2] from trainers.weight_moments(alpha). Flagged outside [1/2, 2] and beyond 4 standard errors of the
+  measured mean (a party of a handful of rows cannot be judged finely).
 
 Across parties (`quarantine`, after every upload arrived; the first three need at least MIN_PEERS parties):
 - `replay`: rows that (nearly) repeat another party's: a random projection of every row, nearest rows of
@@ -27,7 +29,9 @@ Across parties (`quarantine`, after every upload arrived; the first three need a
 - `labels-vs-inputs`: a ridge head fitted on a balanced sample of every remaining party's rows predicts each
   upload row's class; an honest party's predictions fall in its rows' label support about as often as other
   parties' rows of the same classes do (class by class: under label skew a party holding a hard class is
-  not suspect), random inputs (garbage) or permuted classes (label flipping) far less. Decided only
+  not suspect), random inputs (garbage) or permuted classes (label flipping) far less; flagged only where an
+  honest party's chance of so few hits (Chernoff's bound) is below FALSE_ALARM / the parties judged, so the
+  federation as a whole has that chance of one false alarm whatever its size. Decided only
   when the parties' agreement is well above chance (at tiny tau the noise hides the labels from any linear
   head, and the check abstains: robust central training is the fallback there, fedsmix/trainers/).
 - `structure`: real encodings put a good share of their (centred) energy into the few principal directions
@@ -56,7 +60,8 @@ from fedsmix.trainers import Moments, linear_heads, weight_moments
 REPORTED = ("alpha", "tau", "radius", "V", "D", "c")  # what every party reports with its upload (party.py)
 LABEL_TOLERANCE = 1e-4  # float32 soft labels computed from float64 weights
 REPORT_TOLERANCE = 1e-3  # relative: the radius against Theorem 4.2 from the reported D, c, tau, alpha
-ENERGY_FACTOR = 2.0  # measured / predicted E||x~ - mean||^2 beyond [1/2, 2]: the report does not fit
+ENERGY_FACTOR = 2.0  # measured / predicted E||x~ - mean||^2 beyond [1/2, 2]: the report does not fit ...
+ENERGY_SIGMAS = 4.0  # ... by more than 4 standard errors of the measured mean (a handful of rows says little)
 MIN_PEERS = 3  # cross-party checks need a majority to compare with
 OUTLIER_Z = 6.0  # robust z-score (1.4826 MAD) ...
 OUTLIER_FACTOR = 3.0  # ... and a norm more than 3x (or less than 1/3) the parties' median
@@ -70,7 +75,7 @@ FIT_GAMMA = 0.1  # relative ridge penalty
 MIN_CLASS_ROWS = 20  # labels-vs-inputs judges a row when other parties' samples hold its classes this often
 SIGNAL = 0.3  # labels-vs-inputs decides only when the median party's expected agreement beats chance by this
 AGREEMENT_GAP = 0.5  # ... and flags a party that misses more than half of its expected lift over chance,
-AGREEMENT_SIGMAS = 4.0  # ... by more than 4 binomial standard errors of its sample
+FALSE_ALARM = 1e-3  # ... where so few hits have a chance below this / the number of parties judged (Chernoff)
 SPREAD_Z = 5.0  # ... and by more than 5 robust standard deviations (1.4826 MAD) of the parties' values
 STRUCTURE_K = 10  # principal directions shared by the parties' rows
 STRUCTURE_SIGNAL = 0.06  # structure decides only when the median party's share beats the isotropic k/d by this
@@ -93,6 +98,7 @@ class Evidence:
     party: int
     rows: int
     energy: float  # mean squared distance of a row to the upload's mean
+    energy_error: float  # its standard error over the rows
     expected: float | None  # the same, predicted from the party's report (None: no prediction for the encoder)
     norms: dict[str, float]  # norm-scale statistics compared across parties
     sketch: np.ndarray  # (rows, SKETCH_DIM) random projection of every row over sqrt(energy), float16
@@ -106,7 +112,7 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
     keeps is small: 32 bytes a row (the sketch) and FIT_ROWS rows of at most FIT_DIM values; an upload that
     fails its own checks keeps neither (it takes no part in the cross-party checks)."""
     flat = x.reshape(len(x), -1)
-    energy = _energy(flat)
+    energy, energy_error = _energy(flat)
     sketch_matrix, fit_matrix = _projections(settings, flat.shape[1])
     sample = np.sort(
         torch.randperm(len(flat), generator=generator(settings.seed, party, "plausibility"))[:FIT_ROWS].numpy()
@@ -116,7 +122,8 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
         party=party,
         rows=len(flat),
         energy=energy,
-        expected=expected_energy(metrics, settings.encoder),
+        energy_error=energy_error,
+        expected=expected_energy(metrics, settings.encoder, len(flat)),
         norms=_norms(energy, metrics),
         sketch=(_project(flat, sketch_matrix) / math.sqrt(max(energy, 1e-30))).astype(np.float16),
         fit_x=(fit_x if fit_matrix is None else fit_x @ fit_matrix).astype(np.float32),
@@ -139,7 +146,8 @@ def check_upload(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Set
         raise Implausible(party, "labels", f"{bad} of {len(y)} soft-label rows cannot come from {settings.encoder}")
     if evidence.expected is not None:
         ratio = evidence.energy / evidence.expected
-        if not 1 / ENERGY_FACTOR <= ratio <= ENERGY_FACTOR:
+        if not 1 / ENERGY_FACTOR <= ratio <= ENERGY_FACTOR \
+                and abs(evidence.energy - evidence.expected) > ENERGY_SIGMAS * evidence.energy_error:
             raise Implausible(
                 party,
                 "energy",
@@ -189,14 +197,20 @@ def label_violations(y: np.ndarray, settings: Settings) -> int:
     return int((count > most).sum())
 
 
-def expected_energy(metrics: dict, encoder: str) -> float | None:
-    """E||x~ - mean||^2 from the report: E[w1^2 + w2^2] V + E[w2^2] r^2 (singularized), V (none)."""
+def expected_energy(metrics: dict, encoder: str, rows: int = 0) -> float | None:
+    """E||x~ - mean||^2 over `rows` rows from the report: E[w1^2 + w2^2] V + E[w2^2] r^2 (1 - 1/n)
+    - 2 E[w1 w2] V / (n - 1) (singularized: the noise loses its own mean, and a derangement pairs each sample with
+    another, whose centred inner products average -V / (n - 1); both vanish for large n), V (none). V is the
+    party's own, over the same rows (divisor n)."""
     V, alpha = float(metrics.get("V", math.nan)), float(metrics.get("alpha", math.nan))
     if encoder == "singularized":
         if not 0.5 <= alpha < 1:  # missing or impossible: the report check names it
             return None
         partner, mixed = weight_moments(alpha)
-        return mixed * V + partner * float(metrics.get("radius", 0.0)) ** 2
+        noise = partner * float(metrics.get("radius", 0.0)) ** 2
+        if rows < 2:
+            return mixed * V + noise
+        return mixed * V + noise * (1 - 1 / rows) - (1 - mixed) * V / (rows - 1)  # w1 + w2 = 1: 2 E[w1 w2] = 1 - mixed
     if encoder == "none":
         return V
     return None  # mixup/InstaHide: many weights, signs, public images; the cross-party checks still apply
@@ -297,7 +311,6 @@ class Agreement:
     hits: float  # rows whose predicted class is in the row's label support
     expected: float  # the same, at the hit rates that other parties' rows of the same classes reach
     chance: float  # the same, for a uniformly random class
-    variance: float  # binomial variance of `hits` at the expected rates
 
     @property
     def shortfall(self) -> float:
@@ -331,7 +344,6 @@ def agreement(evidence: list[Evidence]) -> dict[int, Agreement]:
         out[p] = Agreement(
             rows=int(judged.sum()), hits=float(hits[p][judged].sum()), expected=float(expected.sum()),
             chance=float(support[p][judged].sum() / support[p].shape[1]),
-            variance=float((expected * (1 - expected)).sum()),
         )
     return out
 
@@ -349,10 +361,9 @@ def disagreements(evidence: list[Evidence]) -> list[dict]:
         return []
     shortfall = {p: a.shortfall for p, a in scores.items()}
     median, spread = float(np.median(list(shortfall.values()))), _robust_spread(list(shortfall.values()))
-    verdicts = []
+    verdicts, alarm = [], FALSE_ALARM / len(scores)
     for party, a in scores.items():
-        missing = a.expected - a.hits
-        if shortfall[party] > AGREEMENT_GAP and missing > AGREEMENT_SIGMAS * math.sqrt(max(a.variance, 1.0)) \
+        if shortfall[party] > AGREEMENT_GAP and fewer_hits_chance(a.hits, a.rows, a.expected) < alarm \
                 and shortfall[party] - median > SPREAD_Z * spread:
             verdicts.append(_verdict(Implausible(
                 party, "labels-vs-inputs",
@@ -361,6 +372,18 @@ def disagreements(evidence: list[Evidence]) -> list[dict]:
                 f"(chance {100 * a.chance / a.rows:.0f}%)",
             )))
     return verdicts
+
+
+def fewer_hits_chance(hits: float, rows: int, expected: float) -> float:
+    """A bound on the chance that an honest party's rows hit at most `hits` times where `expected` hits are
+    expected (its rows independent, each with its own chance): Chernoff's exp(-rows KL(hits/rows || expected/rows)).
+    Five rows that all miss at an 82 % rate have a chance of 2e-4: at 10,000 parties, several honest ones would;
+    garbage in 54 rows at chance (16 %) has about e^-54."""
+    if rows <= 0 or hits >= expected:
+        return 1.0
+    q, p = hits / rows, min(expected / rows, 1 - 1e-12)
+    kl = (q * math.log(q / p) if q > 0 else 0.0) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
+    return math.exp(-rows * kl)
 
 
 def structure(evidence: list[Evidence]) -> tuple[dict[int, tuple[float, float]], float]:
@@ -412,15 +435,17 @@ def _robust_spread(values: list[float]) -> float:
     return 1.4826 * float(np.median([abs(v - median) for v in values]))
 
 
-def _energy(flat, block: int = 4096) -> float:
-    """Mean squared distance of a row to the mean row, in float64 blocks (the upload may be memory-mapped)."""
-    n, total, squares = len(flat), np.zeros(flat.shape[1]), 0.0
+def _energy(flat, block: int = 4096) -> tuple[float, float]:
+    """Mean squared distance of a row to the mean row, and its standard error over the rows; in float64 blocks
+    (the upload may be memory-mapped: two passes, the mean first)."""
+    n, total = len(flat), np.zeros(flat.shape[1])
     for start in range(0, n, block):
-        rows = np.asarray(flat[start : start + block], dtype=np.float64)
-        total += rows.sum(axis=0)
-        squares += float((rows * rows).sum())
+        total += np.asarray(flat[start : start + block], dtype=np.float64).sum(axis=0)
     mean = total / n
-    return squares / n - float(mean @ mean)
+    distances = np.concatenate([((np.asarray(flat[start : start + block], dtype=np.float64) - mean) ** 2).sum(axis=1)
+                                for start in range(0, n, block)])
+    error = float(distances.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
+    return float(distances.mean()), error
 
 
 def _norms(energy: float, metrics: dict) -> dict[str, float]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from flwr.app import Message
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
@@ -15,45 +17,69 @@ class CountingGrid:
     """A Grid that counts the bytes of every message it sends and receives, per node.
 
     Flower's strategies call `grid.send_and_receive` themselves; wrapping the grid is the
-    one place that sees all traffic, whatever the strategy.
+    one place that sees all traffic, whatever the strategy. Each push (or send-and-receive) is a round: `rounds`
+    gets its message kind, how many messages went and came back, their bytes each way and the seconds from the
+    push to the last reply.
     """
 
     def __init__(
-        self, grid, to_node: dict[int, int], from_node: dict[int, int], destinations: dict[str, int] | None = None
+        self, grid, to_node: dict[int, int], from_node: dict[int, int], destinations: dict[str, int] | None = None,
+        rounds: list[dict] | None = None, round_of: dict[str, dict] | None = None,
     ):
         self._grid = grid
         self.to_node = to_node
         self.from_node = from_node
         self.destinations = {} if destinations is None else destinations
+        self.rounds = [] if rounds is None else rounds
+        self.round_of = {} if round_of is None else round_of  # message id -> its round's entry
 
     def __getattr__(self, name):
         return getattr(self._grid, name)
 
     def push_messages(self, messages):
-        messages = self._count_out(messages)
+        messages, entry = self._count_out(messages)
         ids = list(self._grid.push_messages(messages))
         for message_id, msg in zip(ids, messages):  # SuperLink-made error replies name only these ids
             self.destinations[message_id] = msg.metadata.dst_node_id
+            self.round_of[message_id] = entry
         return ids
 
     def pull_messages(self, message_ids):
         return self._count_in(self._grid.pull_messages(message_ids))
 
     def send_and_receive(self, messages, *, timeout=None):
-        messages = self._count_out(messages)
+        messages, entry = self._count_out(messages)
         replies = self._grid.send_and_receive(messages, timeout=timeout)
         for msg in messages:  # ids exist once pushed; SuperLink-made error replies name only these
             self.destinations[msg.metadata.message_id] = msg.metadata.dst_node_id
+            self.round_of[msg.metadata.message_id] = entry
         return self._count_in(replies)
 
-    def _count_out(self, messages) -> list:
+    def _count_out(self, messages) -> tuple[list, dict]:
         messages = list(messages)
+        entry = {"kind": messages[0].metadata.message_type if messages else "", "messages": len(messages),
+                 "replies": 0, "bytes-down": 0, "bytes-up": 0, "seconds": 0.0, "_started": time.monotonic()}
         for msg in messages:
-            self.to_node[msg.metadata.dst_node_id] += message_nbytes(msg)
-        return messages
+            size = message_nbytes(msg)
+            self.to_node[msg.metadata.dst_node_id] += size
+            entry["bytes-down"] += size
+        if messages:
+            self.rounds.append(entry)
+        return messages, entry
 
     def _count_in(self, replies) -> list:
         replies = list(replies)
         for reply in replies:
-            self.from_node[reply.metadata.src_node_id] += message_nbytes(reply)
+            size = message_nbytes(reply)
+            self.from_node[reply.metadata.src_node_id] += size
+            entry = self.round_of.pop(reply.metadata.reply_to_message_id, None)
+            if entry is not None:
+                entry["replies"] += 1
+                entry["bytes-up"] += size
+                entry["seconds"] = round(time.monotonic() - entry["_started"], 3)
         return replies
+
+
+def round_costs(rounds: list[dict]) -> list[dict]:
+    """The rounds as results.json keeps them (without the clock they were timed by)."""
+    return [{k: v for k, v in entry.items() if not k.startswith("_")} for entry in rounds]

@@ -125,6 +125,31 @@ def test_no_honest_quick_start_party_is_quarantined(quickstart):
     assert all(0.5 < e.energy / e.expected < 2 for e in evidence)  # the report predicts the energy
 
 
+def test_a_handful_of_honest_rows_is_judged_by_what_a_handful_can_show(one_thread):
+    """300 honest digits parties of 3 or 4 rows each (size skew at its extreme): the energy the report predicts for so
+    few rows is right on average (the large-sample formula reads 0.71x here and put some below its 1/2 limit), and
+    no upload's own checks, nor the cross-party ones, quarantine any of them."""
+    settings = load_settings({"preset": "configs/quickstart.yaml", "partitioner": "iid"})
+    uploads = [prepare_upload(settings, p, 300) for p in range(300)]
+    evidence = examine_all(settings, uploads)
+    assert {e.rows for e in evidence} == {3, 4}
+    ratios = [e.energy / e.expected for e in evidence]
+    large_sample = [e.energy / plausibility.expected_energy(u.metrics, "singularized") for e, u in zip(evidence, uploads)]
+    assert 0.9 < np.mean(ratios) < 1.1 and np.mean(large_sample) < 0.8 and min(large_sample) < 0.5
+    assert plausibility.quarantine(evidence, settings) == []
+
+
+@pytest.mark.parametrize(("rows", "rate", "hits"), [(5, 0.82, 0), (54, 0.82, 30), (54, 0.82, 9), (500, 0.3, 120)])
+def test_the_label_check_bounds_an_honest_partys_chance_of_so_few_hits(rows, rate, hits):
+    """Chernoff's bound is never below the exact binomial tail (an honest party is never called less likely than it
+    is); five rows that all miss stay possible at 10,000 parties, a 54-row upload at chance level does not."""
+    from scipy.stats import binom
+
+    bound = plausibility.fewer_hits_chance(hits, rows, rate * rows)
+    assert bound >= binom.cdf(hits, rows, rate) * (1 - 1e-9)
+    assert (bound < plausibility.FALSE_ALARM / 10_000) == (rows == 54 and hits == 9)
+
+
 @pytest.mark.parametrize(
     ("kind", "scale", "check"),
     [("scale", 100.0, "energy"), ("scale", 1e4, "energy"), ("scale", 2.0, "energy"),
