@@ -134,7 +134,8 @@ def test_a_handful_of_honest_rows_is_judged_by_what_a_handful_can_show(one_threa
     evidence = examine_all(settings, uploads)
     assert {e.rows for e in evidence} == {3, 4}
     ratios = [e.energy / e.expected for e in evidence]
-    large_sample = [e.energy / plausibility.expected_energy(u.metrics, "singularized") for e, u in zip(evidence, uploads)]
+    large_sample = [e.energy / plausibility.expected_energy(u.metrics, "singularized")
+                    for e, u in zip(evidence, uploads)]
     assert 0.9 < np.mean(ratios) < 1.1 and np.mean(large_sample) < 0.8 and min(large_sample) < 0.5
     assert plausibility.quarantine(evidence, settings) == []
 
