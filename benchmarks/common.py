@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import sys
 import threading
 import time
@@ -200,14 +201,18 @@ def through_flower(overrides: dict, parties: int, runs: Path) -> tuple[float, di
     """`flwr run` of `overrides` with `parties` simulated parties (Flower's simulation engine, the default
     federation) from a fresh SuperLink: wall seconds end to end, the run's results.json, the process tree's memory."""
     from commands.federation import DEFAULT_FEDERATION
-    from commands.launch import flower_env, flwr_run, free_ports, superlink_pids
+    from commands.launch import flower_env, flwr_run, free_ports, interrupt, superlink_pids
 
     ports = tuple(free_ports(2))
     home = PROJECT / "benchmarks" / ".flwr"
     env = flower_env(home, ports)
     t0 = time.perf_counter()
-    with TreeMemorySampler(extra_roots=lambda: superlink_pids(env)) as memory:
-        run = flwr_run(overrides, parties, DEFAULT_FEDERATION, flwr_home=home, ports=ports, echo=False)
+    previous = signal.signal(signal.SIGTERM, interrupt)  # a stopped benchmark stops its SuperLink, Ray and all
+    try:
+        with TreeMemorySampler(extra_roots=lambda: superlink_pids(env)) as memory:
+            run = flwr_run(overrides, parties, DEFAULT_FEDERATION, flwr_home=home, ports=ports, echo=False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     seconds = time.perf_counter() - t0
     if not run.ok:
         raise SystemExit(f"flwr run failed at {parties} parties ({run.status}):\n{run.output[-3000:]}")

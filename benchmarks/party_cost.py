@@ -62,7 +62,7 @@ def one_run(overrides: dict, parties: int) -> dict:
            "parties-used": mix["parties-used"], "quarantined": len(mix["quarantined"]),
            "upload-seconds-per-party": round(mix["upload-seconds"] / parties, 4), "phases-seconds": split,
            "voters": mix["selection"].get("voters"), "returned": (mix.get("returned") or {}).get("sampled"),
-           "rounds": mix.get("rounds"), "memory": memory}
+           "round-costs": mix.get("round-costs"), "memory": memory}
     print(f"{parties} parties: {seconds:.1f} s, {row['upload-seconds-per-party']:.3f} s/party uploading, "
           f"accuracy {mix['accuracy']:.4f}, phases {split}", flush=True)
     return row

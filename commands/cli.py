@@ -40,7 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from .federation import environment as federation_environment
     from .federation import federation_config, flower_part
-    from .launch import flwr_run
+    from .launch import flwr_run, interrupt
 
     overrides = parse_sets(args.set)
     if args.preset:
@@ -62,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     def this_run() -> Path | None:  # the run directory this run made (runs/latest moved), if it got that far
         return latest.resolve() if latest.exists() and latest.resolve() != before else None
 
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the run as Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, interrupt)  # SIGTERM stops the run as Ctrl-C does
     try:
         result = flwr_run(overrides, parties, flower_part(federation), environment=federation_environment(federation),
                           verbose=args.verbose)
@@ -85,10 +85,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -226,6 +226,11 @@ def flwr_run(
             stop_pids(started + descendants(started))
 
 
+def interrupt(signum, frame) -> None:
+    """A signal handler: SIGTERM stops a run as Ctrl-C does (`flwr_run`'s cleanup runs on the way out)."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def superlink_pids(env: dict[str, str]) -> list[int]:
     """PIDs of local SuperLinks using this FLWR_HOME and control port (read from /proc)."""
     port = env.get("FLWR_LOCAL_CONTROL_API_PORT", "39093")

@@ -121,7 +121,7 @@ def bytes_summary(ctx: RunContext, nodes: list[int]) -> dict:
         "bytes-down-per-node": down,
         "mean-bytes-up-per-party": sum(up.values()) / max(len(up), 1),
         "mean-bytes-down-per-party": sum(down.values()) / max(len(down), 1),
-        "rounds": round_costs(ctx.traffic.rounds),  # each round's kind, messages, replies, bytes each way, seconds
+        "round-costs": round_costs(ctx.traffic.rounds),  # each round's kind, messages, replies, bytes each way, seconds
     }
 
 
