@@ -104,6 +104,11 @@ class Settings(BaseModel):
     poor_party_ratio: float = Field(1.0, gt=0, le=1, description="rho = n_poor / n_rich for partitioner size-skew")
     poor_party: int = Field(0, ge=0, description="which party is data-poor under size-skew")
     classes_per_party: int = Field(2, ge=1)
+    # feature skew: each party's images through its own acquisition shift (fedsmix/acquisition.py)
+    feature_skew: float = Field(0.0, ge=0, le=1, description="strength of every party's acquisition shift; 0 = off")
+    feature_skew_kinds: tuple[str, ...] = Field(
+        ("brightness", "contrast", "blur", "colour", "rotation"), description="the shifts feature-skew draws per party"
+    )
     min_partition_size: int = Field(10, ge=1)
     test_subset: int = Field(0, ge=0, description="0 = the whole test split")
     train_subset: int = Field(0, ge=0, description="0 = the whole training split; else a fixed random subset")
@@ -244,7 +249,7 @@ class Settings(BaseModel):
     tensorboard: bool = Field(True, description="TensorBoard event files in the run dir, from the progress events")
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
-    @field_validator("plugins", "strategies", "adversary", "defences", mode="before")
+    @field_validator("plugins", "strategies", "adversary", "defences", "feature_skew_kinds", mode="before")
     @classmethod
     def _split_csv(cls, value: Any) -> tuple[str, ...]:
         return _csv(value)
@@ -279,6 +284,15 @@ class Settings(BaseModel):
         if not value:
             raise ValueError(f"give at least one strategy; allowed: {', '.join(STRATEGIES)}")
         return tuple(STRATEGIES.check(name) for name in value)
+
+    @field_validator("feature_skew_kinds")
+    @classmethod
+    def _known_shifts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from .acquisition import KINDS
+
+        if unknown := [k for k in value if k not in KINDS]:
+            raise ValueError(f"unknown shift {', '.join(map(repr, unknown))}; allowed: {', '.join(KINDS)}")
+        return value
 
     @field_validator("trainer")
     @classmethod

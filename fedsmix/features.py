@@ -379,11 +379,14 @@ def public_features(settings: Settings, size: int = 0) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------- pixel-mapped radius
 def party_pixels(
-    settings: Settings, rows: np.ndarray, split: str = "train"
+    settings: Settings, rows: np.ndarray, split: str = "train", party: int | None = None
 ) -> tuple[torch.Tensor, datalib.DatasetSpec]:
-    """A party's own images, normalised as in pixel space (where D_pixels is measured)."""
+    """A party's own images, normalised as in pixel space (where D_pixels is measured); `party`: as its
+    acquisition records them (`feature-skew`; the server's splits have none)."""
+    from .space import party_unit
+
     raw = datalib.load_dataset(settings, split)
-    return datalib.normalize(datalib.to_unit(raw.images[rows], raw.spec), raw.spec), raw.spec
+    return datalib.normalize(party_unit(settings, raw, rows, party), raw.spec), raw.spec
 
 
 def pixel_mapped_radius(
@@ -395,7 +398,8 @@ def pixel_mapped_radius(
     party's normalised pixels (its c), and the sum is clamped to the valid pixel range before the
     backbone f sees it. Measured on up to `samples` of the party's images.
     """
-    pixels, spec = party_pixels(settings, partition.rows, partition.split)
+    pixels, spec = party_pixels(settings, partition.rows, partition.split,
+                                partition.party if partition.split == "train" else None)
     stats = data_statistics(pixels, generator, eigenvalue=settings.calibration == "directional-eig",
                             centring=settings.variance_centring)
     radius = calibrate(stats, settings.tau, settings.alpha, settings.calibration).radius  # in pixels

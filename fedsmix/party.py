@@ -97,7 +97,7 @@ def load_partition(settings: Settings, party: int, num_parties: int, part: str =
     if subset is not None:
         rows = subset[rows]
     rows = rows[validation_split(settings, party, len(rows))[0 if part == "train" else 1]]
-    x = to_space(settings, raw, "train", rows)
+    x = to_space(settings, raw, "train", rows, party)
     labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
     return Partition(party, x, labels, raw.spec.num_classes, pixel_spec(settings, raw.spec), rows)
 

@@ -12,20 +12,23 @@ Per upload (`examine`, flat guard clauses like validation.py):
 - `labels`: the encoder's soft-label structure. Singularized mixup mixes two one-hot labels with weights in
   [1 - alpha, alpha]: at most two non-zero entries, each in [1 - alpha, alpha], or one entry 1 when both
   sources share a class. No encoder (`none`): one-hot rows. Mixup/InstaHide: at most mix-k (cross: 2).
+- `domain`: what data of its kind could produce, whatever another party holds. Every image of the data set
+  lies in its valid box (normalised pixels of 0 and 1 per channel; a bounded backbone's feature range), so
+  a party's D (a mean distance between its samples) cannot exceed the box's diagonal, and every encoded
+  row w1 x_i + w2 (x_j + e) lies within w2 |e| <= alpha r of the box (mixup: inside it; InstaHide: inside
+  its sign-symmetric hull). A party whose images are darker, blurrier or rotated (feature skew) stays
+  inside; one that multiplies its inputs, or its inputs and its report together, leaves it. An upload is
+  judged against its own report and its data set, never against the other parties' scale.
 - `energy`: the mean squared distance of a row to the upload's mean against the one the report predicts.
   For x~ = w1 x_i + w2 (x_pi(i) + e_i) with |e| = r, over n rows: E||x~ - mean||^2 = E[w1^2 + w2^2] V
   + E[w2^2] r^2 (1 - 1/n) - 2 E[w1 w2] V / (n - 1) (the cross term averages to -V/(n-1) under a derangement),
   E[w^2] from trainers.weight_moments(alpha). Flagged outside [1/2, 2] and beyond 4 standard errors of the
   measured mean (a party of a handful of rows cannot be judged finely).
 
-Across parties (`quarantine`, after every upload arrived; the first three need at least MIN_PEERS parties):
+Across parties (`quarantine`, after every upload arrived; the last two need at least MIN_PEERS parties):
 - `replay`: rows that (nearly) repeat another party's: a random projection of every row, nearest rows of
   each earlier-arrived party. Content cannot tell which of two copies is the original: the upload that
   arrived first is kept and the later one quarantined, naming both.
-- `outlier`: each party's norms (measured energy, reported V, D and r, on the norm scale) against the other
-  parties' with a robust z-score (median, MAD): flagged only when both the z-score and the ratio to the
-  median are large, so a party that lies consistently (inputs and report scaled together) is caught while
-  honest non-IID parties, whose norms differ by their class mix, are not.
 - `labels-vs-inputs`: a ridge head fitted on a balanced sample of every remaining party's rows predicts each
   upload row's class; an honest party's predictions fall in its rows' label support about as often as other
   parties' rows of the same classes do (class by class: under label skew a party holding a hard class is
@@ -52,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedsmix.config import Settings
+from fedsmix.config import INSTAHIDE, Settings
 from fedsmix.encoders import noise_multiplier
 from fedsmix.seeding import generator
 from fedsmix.trainers import Moments, linear_heads, weight_moments
@@ -63,8 +66,7 @@ REPORT_TOLERANCE = 1e-3  # relative: the radius against Theorem 4.2 from the rep
 ENERGY_FACTOR = 2.0  # measured / predicted E||x~ - mean||^2 beyond [1/2, 2]: the report does not fit ...
 ENERGY_SIGMAS = 4.0  # ... by more than 4 standard errors of the measured mean (a handful of rows says little)
 MIN_PEERS = 3  # cross-party checks need a majority to compare with
-OUTLIER_Z = 6.0  # robust z-score (1.4826 MAD) ...
-OUTLIER_FACTOR = 3.0  # ... and a norm more than 3x (or less than 1/3) the parties' median
+DOMAIN_TOLERANCE = 1e-3  # relative to a row's norm: float16 uploads round every value by up to 2^-11 of it
 SKETCH_DIM = 16  # random projection of every row over the upload's spread, in float16: 32 bytes a row
 SKETCH_ROWS = 256  # rows of each upload looked up among earlier uploads
 DUPLICATE_DISTANCE = 1e-2  # a near-duplicate row: closer than this x the upload's spread sqrt(energy), projected
@@ -100,7 +102,7 @@ class Evidence:
     energy: float  # mean squared distance of a row to the upload's mean
     energy_error: float  # its standard error over the rows
     expected: float | None  # the same, predicted from the party's report (None: no prediction for the encoder)
-    norms: dict[str, float]  # norm-scale statistics compared across parties
+    outside: float  # the largest distance of a row beyond the data's valid box, less its rounding tolerance
     sketch: np.ndarray  # (rows, SKETCH_DIM) random projection of every row over sqrt(energy), float16
     fit_x: np.ndarray  # (<= FIT_ROWS, <= FIT_DIM) rows for the labels-vs-inputs and structure checks
     fit_y: np.ndarray
@@ -113,6 +115,7 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
     fails its own checks keeps neither (it takes no part in the cross-party checks)."""
     flat = x.reshape(len(x), -1)
     energy, energy_error = _energy(flat)
+    box = domain(settings, flat.shape[1])
     sketch_matrix, fit_matrix = _projections(settings, flat.shape[1])
     sample = np.sort(
         torch.randperm(len(flat), generator=generator(settings.seed, party, "plausibility"))[:FIT_ROWS].numpy()
@@ -124,7 +127,7 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
         energy=energy,
         energy_error=energy_error,
         expected=expected_energy(metrics, settings.encoder, len(flat)),
-        norms=_norms(energy, metrics),
+        outside=_outside(flat, *box) if box is not None else 0.0,
         sketch=(_project(flat, sketch_matrix) / math.sqrt(max(energy, 1e-30))).astype(np.float16),
         fit_x=(fit_x if fit_matrix is None else fit_x @ fit_matrix).astype(np.float32),
         fit_y=np.asarray(y[sample], dtype=np.float32),
@@ -138,22 +141,100 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
 
 
 def check_upload(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:
-    """The upload's own checks; raise Implausible at the first that fails."""
-    party = evidence.party
+    """The upload's own checks (UPLOAD_CHECKS, in order); raise Implausible at the first that fails."""
+    for check in UPLOAD_CHECKS.values():
+        check(evidence, y, metrics, settings)
+
+
+def _report(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:
     if settings.encoder != "mixcon":  # h(x) has no calibration to report: its labels and the cross-party checks
-        check_report(party, metrics, settings)
+        check_report(evidence.party, metrics, settings)
+
+
+def _labels(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:
     if bad := label_violations(y, settings):
-        raise Implausible(party, "labels", f"{bad} of {len(y)} soft-label rows cannot come from {settings.encoder}")
-    if evidence.expected is not None:
-        ratio = evidence.energy / evidence.expected
-        if not 1 / ENERGY_FACTOR <= ratio <= ENERGY_FACTOR \
-                and abs(evidence.energy - evidence.expected) > ENERGY_SIGMAS * evidence.energy_error:
-            raise Implausible(
-                party,
-                "energy",
-                f"mean squared row norm (centred) {evidence.energy:.4g} is {ratio:.3g}x what its report predicts "
-                f"({evidence.expected:.4g} from V, r and alpha)",
-            )
+        raise Implausible(evidence.party, "labels",
+                          f"{bad} of {len(y)} soft-label rows cannot come from {settings.encoder}")
+
+
+def check_energy(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:
+    """The upload's spread against the one its report predicts (the module's `energy` check)."""
+    if evidence.expected is None:
+        return
+    ratio = evidence.energy / evidence.expected
+    if not 1 / ENERGY_FACTOR <= ratio <= ENERGY_FACTOR \
+            and abs(evidence.energy - evidence.expected) > ENERGY_SIGMAS * evidence.energy_error:
+        raise Implausible(
+            evidence.party,
+            "energy",
+            f"mean squared row norm (centred) {evidence.energy:.4g} is {ratio:.3g}x what its report predicts "
+            f"({evidence.expected:.4g} from V, r and alpha)",
+        )
+
+
+def check_domain(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:
+    """The report and the rows against the data set's valid box (the module's `domain` check)."""
+    box = domain(settings, None)
+    if box is None:
+        return
+    lo, hi = box
+    diameter = float(np.sqrt(((hi - lo) ** 2).sum())) if np.isfinite(hi).all() else math.inf
+    D = float(metrics.get("D", 0.0))
+    if D > diameter * (1 + REPORT_TOLERANCE):
+        raise Implausible(
+            evidence.party, "domain",
+            f"reports D {D:.4g}; no two images of {settings.dataset} are farther apart than {diameter:.4g} "
+            "(the valid range's diagonal)",
+        )
+    allowed = domain_allowance(metrics, settings)
+    if evidence.outside > allowed:
+        raise Implausible(
+            evidence.party, "domain",
+            f"a row lies {evidence.outside:.4g} beyond the valid range of the "
+            f"{'features' if settings.backbone != 'none' else 'pixels'} of {settings.dataset}; its encoding "
+            f"reaches at most {allowed:.4g} " + ("(alpha r)" if settings.encoder == "singularized" else "beyond it"),
+        )
+
+
+def domain(settings: Settings, dim: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-coordinate (lo, hi) that every clean sample of the run's data respects (hi may be inf), widened to
+    be sign-symmetric for InstaHide; None when nothing bounds the uploads (mixcon's h(x)). `dim`: the row
+    width the box must have (None: the run's own)."""
+    if settings.encoder == "mixcon":
+        return None
+    if settings.backbone != "none":
+        from fedsmix.features import backbone_spec
+
+        low, high = backbone_spec(settings).bounds
+        width = dim or backbone_spec(settings).dim
+        lo, hi = np.full(width, float(low)), np.full(width, math.inf if high is None else float(high))
+    else:
+        lo, hi = _pixel_box(settings.to_json())
+        if dim is not None and dim != len(lo):
+            return None  # a malformed width: validation names it
+    if settings.encoder in INSTAHIDE:
+        edge = np.maximum(np.abs(lo), np.abs(hi))
+        lo, hi = -edge, edge
+    return lo, hi
+
+
+@functools.lru_cache(maxsize=4)
+def _pixel_box(settings_json: str) -> tuple[np.ndarray, np.ndarray]:
+    from fedsmix import data as datalib
+    from fedsmix.space import pixel_spec
+
+    spec = pixel_spec(Settings.from_json(settings_json))
+    lo, hi = (b.expand(1, *spec.sample_shape).reshape(-1).double().numpy() for b in datalib.valid_range(spec))
+    for bound in (lo, hi):
+        bound.flags.writeable = False
+    return lo, hi
+
+
+def domain_allowance(metrics: dict, settings: Settings) -> float:
+    """How far beyond the valid box an honest row can lie: the noise's share alpha r (singularized), else 0."""
+    if settings.encoder == "singularized":
+        return max(settings.alpha, 1 - settings.alpha) * float(metrics.get("radius", 0.0))
+    return 0.0
 
 
 def check_report(party: int, metrics: dict, settings: Settings) -> None:
@@ -217,15 +298,13 @@ def expected_energy(metrics: dict, encoder: str, rows: int = 0) -> float | None:
 
 
 def quarantine(evidence: list[Evidence], settings: Settings) -> list[dict]:
-    """Every party to quarantine, with the check and the reason; `evidence` in arrival order."""
+    """Every party to quarantine, with the check and the reason; `evidence` in arrival order. The cross-party
+    checks run in order (CROSS_CHECKS), each on the parties that passed every check before it."""
     verdicts = [_verdict(e.problem) for e in evidence if e.problem is not None]
-    verdicts += replays(evidence)
-    kept = [e for e in evidence if e.party not in {v["party"] for v in verdicts}]
-    verdicts += outliers(kept)
-    kept = [e for e in kept if e.party not in {v["party"] for v in verdicts}]
-    verdicts += disagreements(kept)
-    kept = [e for e in kept if e.party not in {v["party"] for v in verdicts}]
-    verdicts += unstructured(kept)
+    kept = evidence
+    for check in CROSS_CHECKS.values():
+        kept = [e for e in kept if e.party not in {v["party"] for v in verdicts}]
+        verdicts += check(kept)
     return verdicts
 
 
@@ -275,30 +354,6 @@ def replays(evidence: list[Evidence], block: int = 32_768) -> list[dict]:
                 e.party, "replay",
                 f"{100 * share:.0f}% of its rows repeat party {evidence[repeated[0]].party}'s upload (which arrived "
                 "first and is kept; content alone cannot tell the original from the copy)",
-            )))
-    return verdicts
-
-
-def outliers(evidence: list[Evidence]) -> list[dict]:
-    """Parties whose norms lie far from the other parties' (robust z-score and ratio to the median)."""
-    if len(evidence) < MIN_PEERS:
-        return []
-    verdicts, flagged = [], set()
-    for name in evidence[0].norms:
-        values = {e.party: e.norms[name] for e in evidence if name in e.norms}
-        if len(values) < MIN_PEERS:
-            continue
-        logs = {p: math.log(v) for p, v in values.items()}
-        median, spread = float(np.median(list(logs.values()))), _robust_spread(list(logs.values()))
-        for party, value in logs.items():
-            deviation = abs(value - median)
-            if party in flagged or deviation <= math.log(OUTLIER_FACTOR) or deviation <= OUTLIER_Z * spread:
-                continue
-            flagged.add(party)
-            verdicts.append(_verdict(Implausible(
-                party, "outlier",
-                f"{name} {values[party]:.4g} is {math.exp(value - median):.3g}x the parties' median "
-                f"{math.exp(median):.4g} (robust z {deviation / spread if spread else math.inf:.1f})",
             )))
     return verdicts
 
@@ -424,6 +479,10 @@ def unstructured(evidence: list[Evidence]) -> list[dict]:
     return verdicts
 
 
+UPLOAD_CHECKS = {"report": _report, "labels": _labels, "domain": check_domain, "energy": check_energy}
+CROSS_CHECKS = {"replay": replays, "labels-vs-inputs": disagreements, "structure": unstructured}
+
+
 # ------------------------------------------------------------------------------------------ helpers
 def _verdict(err: Implausible) -> dict:
     return {"party": err.party, "check": err.check, "reason": err.reason}
@@ -448,13 +507,15 @@ def _energy(flat, block: int = 4096) -> tuple[float, float]:
     return float(distances.mean()), error
 
 
-def _norms(energy: float, metrics: dict) -> dict[str, float]:
-    norms = {"row norm": math.sqrt(max(energy, 0.0))}
-    for key, name in (("V", "sqrt(V)"), ("D", "D"), ("radius", "r")):
-        value = float(metrics.get(key, 0.0))
-        if value > 0:
-            norms[name] = math.sqrt(value) if key == "V" else value
-    return norms
+def _outside(flat, lo: np.ndarray, hi: np.ndarray, block: int = 4096) -> float:
+    """The largest distance of a row beyond the box [lo, hi], less DOMAIN_TOLERANCE x the row's norm."""
+    worst = 0.0
+    for start in range(0, len(flat), block):
+        rows = np.asarray(flat[start : start + block], dtype=np.float64)
+        beyond = np.maximum(rows - hi, 0.0) + np.maximum(lo - rows, 0.0)
+        excess = np.sqrt((beyond * beyond).sum(axis=1)) - DOMAIN_TOLERANCE * np.sqrt((rows * rows).sum(axis=1))
+        worst = max(worst, float(excess.max(initial=0.0)))
+    return worst
 
 
 def _projections(settings: Settings, dim: int) -> tuple[np.ndarray, np.ndarray | None]:

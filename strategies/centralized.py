@@ -1,4 +1,5 @@
-"""Non-private upper bound: the server trains on the raw union of the training split.
+"""Non-private upper bound: the server trains on the raw union of the training split (under feature skew, of
+what the parties hold: each party's rows as its acquisition records them).
 
 No party is involved; it answers "what would pooling the data in the clear give?".
 """
@@ -16,7 +17,7 @@ from strategies.common import epoch_hook, weights_record
 
 def run(ctx: RunContext) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
-    x, labels = load_train_all(s)
+    x, labels = load_train_all(s, len(ctx.nodes()) if s.feature_skew > 0 else 0)
     num_classes = datalib.dataset_spec(s).num_classes
     curve: list[dict] = []
     model, report = train_classifier(

@@ -153,7 +153,7 @@ def test_the_label_check_bounds_an_honest_partys_chance_of_so_few_hits(rows, rat
 
 @pytest.mark.parametrize(
     ("kind", "scale", "check"),
-    [("scale", 100.0, "energy"), ("scale", 1e4, "energy"), ("scale", 2.0, "energy"),
+    [("scale", 100.0, "domain"), ("scale", 1e4, "domain"), ("scale", 2.0, "domain"), ("scale", 0.5, "energy"),
      ("garbage", 0.0, "labels-vs-inputs"), ("label-flip", 0.0, "labels-vs-inputs")],
 )
 def test_one_dishonest_party_is_named(quickstart, kind, scale, check):
@@ -173,15 +173,28 @@ def test_a_replayed_upload_is_caught_and_the_first_arrival_kept(quickstart):
     assert [v["check"] for v in with_bad(quickstart, nudged, metrics)] == ["replay"]
 
 
-def test_a_party_that_scales_its_report_too_is_an_outlier(quickstart):
-    """x100 in the inputs and in every reported norm: consistent with itself, not with the other parties."""
+def test_a_party_that_scales_its_report_too_leaves_the_data_domain(quickstart):
+    """x100 in the inputs and in every reported norm: consistent with itself, not with what digits can be."""
     _, uploads, _ = quickstart
     honest = uploads[BAD]
     arrays, _ = corrupt("scale", honest.arrays, honest.metrics, 100.0)
     metrics = {**honest.metrics, "V": honest.metrics["V"] * 1e4, "D": honest.metrics["D"] * 100,
                "radius": honest.metrics["radius"] * 100}
     verdicts = with_bad(quickstart, arrays, metrics)
-    assert [(v["party"], v["check"]) for v in verdicts] == [(BAD, "outlier")], verdicts
+    assert [(v["party"], v["check"]) for v in verdicts] == [(BAD, "domain")], verdicts
+    assert "no two images of digits are farther apart" in verdicts[0]["reason"]
+
+
+def test_honest_parties_that_differ_in_acquisition_are_not_quarantined(one_thread):
+    """Feature skew at full strength: one party's images far darker and flatter than the others' (its spread a fifth
+    of the parties' median, where a rule against the other parties' scale quarantined it), all honest."""
+    settings = load_settings({"preset": "configs/quickstart.yaml", "feature-skew": 1.0})
+    uploads = [prepare_upload(settings, p, PARTIES) for p in range(PARTIES)]
+    evidence = examine_all(settings, uploads)
+    spread = [math.sqrt(e.energy) for e in evidence]
+    assert min(spread) < np.median(spread) / 4
+    assert plausibility.quarantine(evidence, settings) == []
+    assert all(0 <= e.outside <= plausibility.domain_allowance(u.metrics, settings) for e, u in zip(evidence, uploads))
 
 
 def test_an_upload_that_breaks_the_encoder_or_its_report_is_named(quickstart):

@@ -7,6 +7,7 @@ All runs share one simulation (commands.simulate.simulate_each: one Ray start), 
 from __future__ import annotations
 
 import io
+import math
 
 import pytest
 from rich.console import Console
@@ -25,6 +26,8 @@ RUNS = {
     "garbage": {**MIXUP, "fault": f"garbage:{BAD}"},
     "label-flip": {**MIXUP, "fault": f"label-flip:{BAD}"},
     "replay": {**MIXUP, "fault": f"replay:{BAD}"},
+    # honest, with feature skew: seed 32 makes party 1 far darker and flatter (x 0.35, contrast x 0.55) than 0 and 2
+    "feature skew": {**MIXUP, "feature-skew": 1.0, "seed": 32},
     "fedavg scale": {**FEDAVG, "fault": f"scale:{BAD}", "fault-scale": 1e4},
     "fedmedian scale": {**FEDAVG, "fault": f"scale:{BAD}", "fault-scale": 1e4, "aggregation": "fedmedian"},
     "fedprox+median sign-flip": {"strategies": "fedprox", "rounds": 3, "fault": f"sign-flip:{BAD}",
@@ -48,7 +51,7 @@ def quarantined(result: dict) -> list[tuple[int, str]]:
 
 # garbage: either of the two checks made for it (docs/robustness.md); with three parties the party's own
 # shortfall widens the parties' spread, so labels-vs-inputs abstains and structure decides
-@pytest.mark.parametrize(("kind", "checks"), [("scale", {"energy"}), ("garbage", {"labels-vs-inputs", "structure"}),
+@pytest.mark.parametrize(("kind", "checks"), [("scale", {"domain"}), ("garbage", {"labels-vs-inputs", "structure"}),
                                               ("label-flip", {"labels-vs-inputs"})])
 def test_the_dishonest_party_is_quarantined_and_the_run_goes_on(runs, kind, checks):
     result = runs[kind]
@@ -70,6 +73,14 @@ def test_a_replayed_upload_is_caught(runs):
     reason = runs["replay"]["strategies"]["mixup-union"]["quarantined"][0]["reason"]
     assert f"party {({BAD - 1, BAD} - {party}).pop()}'s upload" in reason
     assert runs["replay"]["strategies"]["mixup-union"]["parties-used"] == 2
+
+
+def test_honest_parties_with_their_own_acquisition_all_pass(runs):
+    mix = runs["feature skew"]["strategies"]["mixup-union"]
+    assert quarantined(runs["feature skew"]) == [] and not mix["rejected"]
+    assert mix["parties-used"] == PARTIES and mix["accuracy"] > 0.5
+    spread = {int(p): math.sqrt(float(r["V"])) for p, r in mix["parties"].items()}
+    assert spread[1] < min(spread[0], spread[2]) / 2  # the dark party's images differ that much
 
 
 def test_one_scaled_update_sinks_fedavg_but_not_fedmedian(runs):

@@ -43,6 +43,9 @@ def test_table4_preset_becomes_run_configs():
     ]
     assert schedule["p10_seed=0_radius-mode=pixel-mapped"] == ["mixup-union"]
     assert schedule["p30_seed=0_radius-mode=theorem"] == ["local-only", "fedavg", "fedprox", "mixup-union"]
+    # under feature skew the bound pools the parties' shifted images: one per party count as well
+    skewed = grid_plan.make_plan("configs/table4-cifar10.yaml", sets={"feature-skew": 0.5})
+    assert sum("centralized" in todo for _, todo in skewed.schedule()) == 3
 
 
 def test_overrides_beat_the_preset_and_bad_axes_name_the_key():

@@ -7,7 +7,8 @@ initialisation) and the report gives each table cell the mean and a 95 % interva
 a row per seed. A strategy is not rerun for an axis it cannot depend on: the encoder's keys (tau,
 radius-mode, ...) only change mixup-union, the number of parties does not change the centralised bound,
 nor do the partition keys (`partitioner`, `dirichlet-alpha`, `poor-party-ratio`, ...: they change every
-other strategy), FedAvg/FedProx keys only change those two.
+other strategy) unless `feature-skew` is on (then the bound pools the parties' shifted images), FedAvg/FedProx
+keys only change those two.
 
 Precedence, lowest first: schema defaults < the preset's keys < the preset's grid axes < `--axis`
 (replaces an axis) < `--seeds` (replaces the seeds) < `--set key=value` (fixes a key everywhere, collapsing its
@@ -50,10 +51,11 @@ PLOTS = ("parties", "snr-bound")
 SEED = "seed"  # the replicate axis: a cell's runs at each seed are one table cell's samples, not rows
 
 
-def depends_on(strategy: str, key: str) -> bool:
-    """Whether a strategy's result can change along an axis (conservative: unknown keys count)."""
+def depends_on(strategy: str, key: str, skewed: bool = False) -> bool:
+    """Whether a strategy's result can change along an axis (conservative: unknown keys count). `skewed`: under
+    feature skew the centralised bound pools the parties' shifted images, so it depends on the parties too."""
     if key == "parties" or key in PARTITION_KEYS:
-        return STRATEGIES[strategy].parties
+        return skewed or STRATEGIES[strategy].parties
     if key in ENCODING_KEYS:
         return STRATEGIES[strategy].uploads
     if key in FEDERATED_KEYS:
@@ -84,9 +86,9 @@ class Cell:
     def overrides(self) -> dict[str, Any]:
         return dict(self.values)
 
-    def signature(self, strategy: str) -> str:
+    def signature(self, strategy: str, skewed: bool = False) -> str:
         keys = [("parties", self.parties)] + list(self.values)
-        return strategy + "|" + ",".join(f"{k}={v}" for k, v in keys if depends_on(strategy, k))
+        return strategy + "|" + ",".join(f"{k}={v}" for k, v in keys if depends_on(strategy, k, skewed))
 
 
 @dataclass
@@ -110,9 +112,10 @@ class GridPlan:
     def schedule(self) -> list[tuple[Cell, list[str]]]:
         """Each cell with the strategies it must run (first cell of each signature runs it)."""
         seen, out = set(), []
+        skewed = load_settings(self.base).feature_skew > 0 or "feature-skew" in self.axes
         for cell in self.cells:
-            todo = [s for s in self.strategies() if cell.signature(s) not in seen]
-            seen.update(cell.signature(s) for s in todo)
+            todo = [s for s in self.strategies() if cell.signature(s, skewed) not in seen]
+            seen.update(cell.signature(s, skewed) for s in todo)
             out.append((cell, todo))
         return out
 
