@@ -1,4 +1,4 @@
-"""Plausibility checks on honest uploads (false rejections) and on one dishonest party (detections).
+"""Plausibility checks on honest uploads (false rejections, per check) and on one dishonest party (detections).
 
 For every setting below, 10 parties prepare their uploads exactly as the ClientApp does
 (fedsmix.party.prepare_upload: no Flower needed), the server's checks (server/plausibility.py) run on
@@ -12,8 +12,15 @@ EfficientNet-Lite0 features (64 px; only when the feature cache holds them); par
 parties' median D) under Dirichlet 0.5; on digits also 3 parties, no encoder, two encodings per sample,
 float16 uploads and another seed.
 
+Honest heterogeneity (`--group heterogeneity`): every party honest, 10 parties, each check run on its own
+over every party (not only on the parties an earlier check let through), so each check's false alarms are
+counted: feature skew (fedsmix/acquisition.py) at strength 0.25, 0.5 and 1 at tau 1 and 1e-3, and at strength 1
+at tau 1e-2 and 1e-6; size skew down to a party of about 10 rows; label skew down to Dirichlet 0.05; feature
+and label skew together.
+
     .venv/bin/python benchmarks/plausibility.py            # everything (about 45 min on 2 busy cores)
     .venv/bin/python benchmarks/plausibility.py --datasets digits     # one data set; the others' rows are kept
+    .venv/bin/python benchmarks/plausibility.py --group heterogeneity --datasets digits,mnist
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import time
 import numpy as np
 from common import DATA_DIR, RESULTS, write
 
-from fedsmix.config import load_settings
+from fedsmix.config import SettingsError, load_settings
+from fedsmix.data import load_dataset
 from fedsmix.faults import corrupt
 from fedsmix.features import cache_path
 from fedsmix.party import prepare_upload
@@ -41,6 +49,8 @@ DATASETS = {
     "cifar10": {"dataset": "cifar10", "train-subset": 10000},
     "cifar10-features": {"dataset": "cifar10", "backbone": "efficientnet-lite0", "image-size": 64},
 }
+HETEROGENEITY_SUBSET = {"cifar10-features": {"train-subset": 10000}}  # shifted features are extracted per party
+POOR_ROWS = 10  # size skew: the data-poor party's rows
 PARTITIONS = {
     "iid": {"partitioner": "iid"},
     "dirichlet-0.1": {"partitioner": "dirichlet", "dirichlet-alpha": 0.1},
@@ -69,6 +79,73 @@ def settings_list(dataset: str, quick: bool) -> list[tuple[str, dict, int]]:
     return rows
 
 
+def heterogeneity_list(dataset: str) -> list[tuple[str, dict, int]]:
+    """Honest parties that differ: in acquisition, in size, in labels."""
+    base = {"preset": "configs/quickstart.yaml", "data-dir": DATA_DIR, **DATASETS[dataset],
+            **HETEROGENEITY_SUBSET.get(dataset, {}), **PARTITIONS["dirichlet-0.5"]}
+    rows = [(f"feature skew {strength:g}, tau {tau:g}", {**base, "feature-skew": strength, "tau": tau}, 10)
+            for tau in (1.0, 1e-3) for strength in (0.25, 0.5, 1.0)]
+    rows += [(f"feature skew 1, tau {tau:g}", {**base, "feature-skew": 1.0, "tau": tau}, 10) for tau in (1e-2, 1e-6)]
+    n = load_settings(base).train_subset or len(load_dataset(load_settings(base), "train"))
+    ratio = min(1.0, POOR_ROWS * 9 / (n - POOR_ROWS))  # n_poor = rho n / (N - 1 + rho)
+    for tau in (1.0, 1e-3):
+        skew = {"partitioner": "size-skew", "poor-party-ratio": ratio, "poor-party": BAD}
+        rows.append((f"size skew ({POOR_ROWS} rows), tau {tau:g}", {**base, **skew, "tau": tau}, 10))
+        rows.append((f"dirichlet-0.05, tau {tau:g}", {**base, "dirichlet-alpha": 0.05, "tau": tau}, 10))
+    rows.append(("feature skew 1 + dirichlet-0.1, tau 1", {**base, "feature-skew": 1.0, "dirichlet-alpha": 0.1}, 10))
+    return rows
+
+
+def flags_per_check(evidence: list, uploads: list, settings) -> dict[str, list[int]]:
+    """The honest parties each check would quarantine, every check run on its own over every party."""
+    flags = {}
+    for name, check in plausibility.UPLOAD_CHECKS.items():
+        flags[name] = []
+        for e, u in zip(evidence, uploads):
+            try:
+                check(e, u.arrays["y"], u.metrics, settings)
+            except plausibility.Implausible:
+                flags[name].append(e.party)
+    usable = [e for e in evidence if e.problem is None]
+    for name, check in plausibility.CROSS_CHECKS.items():
+        flags[name] = sorted({v["party"] for v in check(usable)})
+    return flags
+
+
+def examine_honest(overrides: dict, parties: int) -> dict:
+    settings = load_settings(overrides)
+    t0 = time.perf_counter()
+    uploads = [prepare_upload(settings, p, parties) for p in range(parties)]
+    t_encode = time.perf_counter() - t0
+    evidence = [
+        plausibility.examine(p, u.arrays["x"], u.arrays["y"], u.metrics, settings) for p, u in enumerate(uploads)
+    ]
+    flags = flags_per_check(evidence, uploads, settings)
+    spread = [float(np.sqrt(e.energy)) for e in evidence]
+    return {
+        "parties": parties,
+        "rows-per-party": [len(u.arrays["y"]) for u in uploads],
+        "honest-quarantined": plausibility.quarantine(evidence, settings),
+        "flags-per-check": flags,
+        "spread-vs-median": [round(v / float(np.median(spread)), 3) for v in spread],  # what a norm rule would see
+        "outside-vs-allowed": [round(e.outside / max(plausibility.domain_allowance(u.metrics, settings), 1e-12), 3)
+                               for e, u in zip(evidence, uploads)],
+        "energy-ratio": [round(e.energy / e.expected, 4) for e in evidence if e.expected],
+        "seconds": {"encode": t_encode, "checks": time.perf_counter() - t0 - t_encode},
+    }
+
+
+def rates(rows: dict) -> dict[str, dict]:
+    """Per check: honest parties it would quarantine, of the honest parties judged."""
+    out: dict[str, dict] = {}
+    for row in rows.values():
+        for name, flagged in row.get("flags-per-check", {}).items():
+            cell = out.setdefault(name, {"flagged": 0, "judged": 0})
+            cell["flagged"] += len(flagged)
+            cell["judged"] += row["parties"]
+    return out
+
+
 def examine_setting(overrides: dict, parties: int, median_d: float | None) -> dict:
     if overrides.get("radius-mode") == "fixed":
         overrides = {**overrides, "radius": round(median_d, 3)}
@@ -80,6 +157,7 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
         plausibility.examine(p, u.arrays["x"], u.arrays["y"], u.metrics, settings) for p, u in enumerate(uploads)
     ]
     honest = plausibility.quarantine(evidence, settings)
+    flags = flags_per_check(evidence, uploads, settings)
     t_checks = time.perf_counter() - t0 - t_encode
     scores = plausibility.agreement(evidence)
     union = Union(np.concatenate([u.arrays["x"] for u in uploads]), np.concatenate([u.arrays["y"] for u in uploads]),
@@ -90,6 +168,7 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
         "parties": parties,
         "radius": overrides.get("radius"),
         "honest-quarantined": honest,
+        "flags-per-check": flags,
         "energy-ratio": [round(e.energy / e.expected, 4) for e in evidence if e.expected],
         "agreement-shortfall": {p: round(a.shortfall, 3) for p, a in scores.items() if a.rows},
         "agreement-lift": {p: round((a.expected - a.chance) / a.rows, 3) for p, a in scores.items() if a.rows},
@@ -130,8 +209,9 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
 def count(rows: dict) -> dict:
     """Honest parties judged (each setting's honest parties, plus the honest ones beside each fault) and how
     many of them were quarantined."""
-    judged = sum(r["parties"] + sum(r["parties"] - 1 for _ in r["faults"]) for r in rows.values())
-    wrong = sum(len(r["honest-quarantined"]) + sum(len(f["honest-quarantined"]) for f in r["faults"].values())
+    rows = {k: r for k, r in rows.items() if "error" not in r}
+    judged = sum(r["parties"] + sum(r["parties"] - 1 for _ in r.get("faults", {})) for r in rows.values())
+    wrong = sum(len(r["honest-quarantined"]) + sum(len(f["honest-quarantined"]) for f in r.get("faults", {}).values())
                 for r in rows.values())
     return {"honest-party-checks": judged, "honest-parties-quarantined": wrong}
 
@@ -139,15 +219,36 @@ def count(rows: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="digits,mnist,cifar10,cifar10-features")
+    parser.add_argument("--group", choices=("faults", "heterogeneity"), default="faults")
     parser.add_argument("--quick", action="store_true", help="one setting per data set")
     args = parser.parse_args()
     datasets = args.datasets.split(",")
-    path = RESULTS / "plausibility.json"
+    name = "plausibility" if args.group == "faults" else "plausibility_heterogeneity"
+    path = RESULTS / f"{name}.json"
     earlier = json.loads(path.read_text()).get("settings", {}) if path.exists() else {}
     results = {k: v for k, v in earlier.items() if k.split(":")[0] not in datasets}  # other data sets: kept
     for dataset in datasets:
-        if dataset == "cifar10-features" and not cache_path(load_settings(DATASETS[dataset]), "train").is_file():
+        features = load_settings({**DATASETS[dataset], "data-dir": DATA_DIR})
+        if dataset == "cifar10-features" and args.group == "faults" and not cache_path(features, "train").is_file():
             print("cifar10-features: not in the feature cache, skipped", flush=True)
+            continue
+        if args.group == "heterogeneity":
+            for label, overrides, parties in heterogeneity_list(dataset):
+                try:
+                    row = examine_honest(overrides, parties)
+                except (SettingsError, ValueError) as err:  # a partition flwr-datasets cannot draw
+                    results[f"{dataset}: {label}"] = {"error": str(err)}
+                    print(f"{dataset}: {label}: {err}", flush=True)
+                    continue
+                results[f"{dataset}: {label}"] = row
+                flagged = {k: v for k, v in row["flags-per-check"].items() if v}
+                print(f"{dataset}: {label}: quarantined {[q['party'] for q in row['honest-quarantined']]}; "
+                      f"flags {flagged or 'none'}; spread/median {min(row['spread-vs-median']):.2f}.."
+                      f"{max(row['spread-vs-median']):.2f}; outside/allowed max {max(row['outside-vs-allowed']):.2f}; "
+                      f"rows {min(row['rows-per-party'])}..{max(row['rows-per-party'])}; "
+                      f"{row['seconds']['encode'] + row['seconds']['checks']:.0f}s", flush=True)
+                write(name, {"command": "benchmarks/plausibility.py --group heterogeneity", **count(results),
+                             "per-check": rates(results), "settings": results})
             continue
         median_d = None
         for label, overrides, parties in settings_list(dataset, args.quick):
@@ -164,9 +265,10 @@ def main() -> None:
                   f"{span['structure-excess'][1]:.2f}; clip {row['clipped-rows']}/{row['rows']} rows; "
                   f"{row['seconds']['checks']:.1f}s checks", flush=True)
     summary = count(results)
-    print(summary)
-    write("plausibility", {"command": "benchmarks/plausibility.py (per data set: --datasets NAME)", **summary,
-                           "settings": results})
+    print(summary, rates(results))
+    if args.group == "faults":
+        write(name, {"command": "benchmarks/plausibility.py (per data set: --datasets NAME)", **summary,
+                     "per-check": rates(results), "settings": results})
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ benchmarks/results/robustness.json as they finish, and a finished row is not run
 
     .venv/bin/python benchmarks/robustness.py                  # every row (about 40 min on 2 busy cores)
     .venv/bin/python benchmarks/robustness.py --only fedavg     # rows whose variant starts with "fedavg"
+    .venv/bin/python benchmarks/robustness.py --families        # fault families by strength, tau 1 and 1e-3
+
+`--families`: mixup-union as a user gets it (checks on, robust training `clip`), each fault family of
+fedsmix/faults.py at several strengths, at tau 1 and 1e-3: the accuracy it costs and the check that caught it.
 """
 
 from __future__ import annotations
@@ -47,9 +51,30 @@ VARIANTS = {
 }
 
 
+FAMILIES = {
+    "scale x1.5": {"fault": f"scale:{BAD}", "fault-scale": 1.5},
+    "scale x3": {"fault": f"scale:{BAD}", "fault-scale": 3.0},
+    **{f"scale-report x{k:g}": {"fault": f"scale-report:{BAD}", "fault-scale": k} for k in (0.3, 2.0, 3.0)},
+    **{f"shift {k:g}": {"fault": f"shift:{BAD}", "fault-strength": k} for k in (0.5, 1.0, 2.0, 4.0)},
+    **{f"partial-garbage {k:g}": {"fault": f"partial-garbage:{BAD}", "fault-strength": k} for k in (0.25, 0.5)},
+    "garbage": FAULTS["garbage"],
+    **{f"label-noise {k:g}": {"fault": f"label-noise:{BAD}", "fault-strength": k} for k in (0.25, 0.5)},
+    "label-flip": FAULTS["label-flip"],
+    **{f"label-target {k:g}": {"fault": f"label-target:{BAD}", "fault-strength": k} for k in (0.5, 1.0)},
+    "replay": FAULTS["replay"],
+}
+FAMILY_VARIANTS = {f"mixup-union, tau {tau:g}": {"strategies": "mixup-union", "tau": tau} for tau in (1.0, 1e-3)}
+
+
 def run_row(variant: str, fault: str) -> dict:
+    if variant in FAMILY_VARIANTS:
+        return run_settings(variant, fault, {**FAMILY_VARIANTS[variant], **FAMILIES.get(fault, {})})
     overrides, _ = VARIANTS[variant]
-    settings = load_settings({"preset": "configs/quickstart.yaml", **overrides, **FAULTS[fault],
+    return run_settings(variant, fault, {**overrides, **FAULTS[fault]})
+
+
+def run_settings(variant: str, fault: str, overrides: dict) -> dict:
+    settings = load_settings({"preset": "configs/quickstart.yaml", **overrides,
                               "runs-dir": str(PROJECT / "benchmarks" / "runs"), "run-name": "robustness"})
     t0 = time.perf_counter()
     (name, res), = inprocess.run(settings, PARTIES)["strategies"].items()
@@ -84,15 +109,37 @@ def table(rows: list[dict]) -> str:
     return markdown(list(cells.values()), columns, "l" + "r" * len(FAULTS))
 
 
+def family_table(rows: list[dict]) -> str:
+    """One line per fault family and strength, one column per tau: accuracy % (change from that tau's clean run,
+    points) and the check that quarantined the bad party, if one did."""
+    clean = {r["variant"]: r["accuracy"] for r in rows if r["fault"] == "clean"}
+    cells: dict[str, dict] = {}
+    for r in rows:
+        if r["variant"] not in FAMILY_VARIANTS:
+            continue
+        line = cells.setdefault(r["fault"], {"fault": r["fault"]})
+        text = fmt(100 * r["accuracy"], ".2f")
+        if r["fault"] != "clean" and r["variant"] in clean:
+            text += f" ({100 * (r['accuracy'] - clean[r['variant']]):+.2f})"
+            named = [q for q in r["quarantined"] if q["party"] == BAD]
+            text += f", caught: {named[0]['check']}" if named else ", not caught"
+        line[r["variant"]] = text
+    columns = [("fault", "fault family, strength")] + [(v, v) for v in FAMILY_VARIANTS]
+    return markdown(list(cells.values()), columns, "l" + "r" * len(FAMILY_VARIANTS))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="run only the variants whose name starts with this")
     parser.add_argument("--fresh", action="store_true", help="forget earlier rows")
+    parser.add_argument("--families", action="store_true", help="fault families by strength at tau 1 and 1e-3")
     args = parser.parse_args()
     path = RESULTS / "robustness.json"
     done = [] if args.fresh or not path.exists() else json.loads(path.read_text()).get("rows", [])
     have = {(r["variant"], r["fault"]) for r in done}
-    for variant, (_, faults) in VARIANTS.items():
+    plan = {v: ("clean", *FAMILIES) for v in FAMILY_VARIANTS} if args.families else \
+        {v: faults for v, (_, faults) in VARIANTS.items()}
+    for variant, faults in plan.items():
         if not variant.startswith(args.only):
             continue
         for fault in faults:
@@ -102,12 +149,14 @@ def main() -> None:
             done.append(row)
             print(f"{variant:34s} {fault:11s} {100 * row['accuracy']:6.2f} % "
                   f"quarantined {[q['party'] for q in row['quarantined']]} ({row['seconds']:.0f} s)", flush=True)
-            order = {(v, f): i for i, (v, (_, fs)) in enumerate(VARIANTS.items()) for f in fs}
+            every = {v: fs for v, (_, fs) in VARIANTS.items()} | {v: ("clean", *FAMILIES) for v in FAMILY_VARIANTS}
+            order = {(v, f): i for i, (v, fs) in enumerate(every.items()) for f in fs}
             done.sort(key=lambda r: order.get((r["variant"], r["fault"]), 1e9))
-            write("robustness", {"command": "benchmarks/robustness.py", "engine": "direct", "bad-party": BAD,
-                                 "parties": PARTIES, "preset": "configs/quickstart.yaml", "rows": done,
-                                 "table": table(done)})
-    print(table(done))
+            write("robustness", {"command": "benchmarks/robustness.py [--families]", "engine": "direct",
+                                 "bad-party": BAD, "parties": PARTIES, "preset": "configs/quickstart.yaml",
+                                 "rows": done, "table": table([r for r in done if r["variant"] in VARIANTS]),
+                                 "families-table": family_table(done)})
+    print(family_table(done) if args.families else table(done))
 
 
 if __name__ == "__main__":

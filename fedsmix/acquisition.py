@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # torch is imported where images are shifted: the settings' schema checks KINDS without it
-    import torch
+import numpy as np
+import torch
 
-KINDS = ("brightness", "contrast", "blur", "colour", "rotation")
+from . import data as datalib
+from .config import FEATURE_SHIFTS as KINDS
+from .config import Settings
+from .seeding import generator
+
 BRIGHTNESS, CONTRAST, COLOUR, ROTATION = 0.7, 0.6, 0.25, 30.0  # the range of each shift at strength 1
 BLUR = 1 / 20  # the largest blur at strength 1: sigma = width / 20 pixels
 
@@ -48,7 +51,6 @@ class Acquisition:
 
     def __call__(self, unit: torch.Tensor) -> torch.Tensor:
         """Images (N, C, H, W) in [0, 1] as this party's acquisition records them, in [0, 1]."""
-        import torch
         from torchvision.transforms.v2 import functional as F
 
         out = unit.float()
@@ -72,10 +74,6 @@ def party_acquisition(strength: float, kinds: tuple[str, ...], seed: int, party:
     """The acquisition of `party` at `strength` (None at 0: the images as stored), drawn from (seed, party);
     `shape` is one image's (C, H, W). Every shift draws its value whether or not it is used, so turning one
     shift off leaves the others' values unchanged."""
-    import torch
-
-    from .seeding import generator
-
     if strength <= 0:
         return None
     unknown = [k for k in kinds if k not in KINDS]
@@ -92,3 +90,18 @@ def party_acquisition(strength: float, kinds: tuple[str, ...], seed: int, party:
         colour=tuple(1 + COLOUR * strength * g for g in u[4:4 + channels]) if "colour" in kinds and channels == 3
         else (),
     )
+
+
+def acquisition(settings: Settings, spec: datalib.DatasetSpec, party: int | None) -> Acquisition | None:
+    """How `party` records its images under `feature-skew` (None: as stored; also for the server's splits)."""
+    if party is None:
+        return None
+    return party_acquisition(settings.feature_skew, settings.feature_skew_kinds, settings.seed, party,
+                             spec.sample_shape)
+
+
+def party_unit(settings: Settings, raw: datalib.RawSplit, rows: np.ndarray | None, party: int | None) -> torch.Tensor:
+    """Images in [0, 1] as `party` holds them: its acquisition applied (none for the server's splits)."""
+    unit = datalib.to_unit(raw.images if rows is None else raw.images[rows], raw.spec)
+    shift = acquisition(settings, raw.spec, party)
+    return unit if shift is None else shift(unit)

@@ -35,8 +35,15 @@ FAULT_CORRUPTIONS = (
 # scale: encoded inputs (mixup-union) or the model update (FedAvg/FedProx) times fault-scale; garbage:
 # random inputs with the upload's per-coordinate mean and spread; label-flip: classes permuted (in the
 # upload, or in the party's FedAvg/FedProx training); replay: another party's upload re-sent;
-# sign-flip: the model update negated (FedAvg/FedProx)
-FAULT_DISHONEST = ("scale", "garbage", "label-flip", "replay", "sign-flip")
+# sign-flip: the model update negated (FedAvg/FedProx). The fault families of the upload (strength
+# fault-strength): scale-report (inputs and every reported norm times fault-scale), shift (every row moved
+# by fault-strength x the upload's spread, one direction), partial-garbage / label-noise (that share of the
+# rows random / with permuted classes), label-target (that share of the rows of the party's commonest class
+# relabelled as the next class)
+FAULT_DISHONEST = ("scale", "garbage", "label-flip", "replay", "sign-flip",
+                   "scale-report", "shift", "partial-garbage", "label-noise", "label-target")
+FAULT_SHARES = ("partial-garbage", "label-noise", "label-target")  # fault-strength is a share of the rows
+FEATURE_SHIFTS = ("brightness", "contrast", "blur", "colour", "rotation")  # feature-skew (fedsmix/acquisition.py)
 AGGREGATIONS = ("fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum", "bulyan")
 ROBUST_TRAINING = ("off", "clip", "trim")
 
@@ -106,9 +113,7 @@ class Settings(BaseModel):
     classes_per_party: int = Field(2, ge=1)
     # feature skew: each party's images through its own acquisition shift (fedsmix/acquisition.py)
     feature_skew: float = Field(0.0, ge=0, le=1, description="strength of every party's acquisition shift; 0 = off")
-    feature_skew_kinds: tuple[str, ...] = Field(
-        ("brightness", "contrast", "blur", "colour", "rotation"), description="the shifts feature-skew draws per party"
-    )
+    feature_skew_kinds: tuple[str, ...] = Field(FEATURE_SHIFTS, description="the shifts feature-skew draws per party")
     min_partition_size: int = Field(10, ge=1)
     test_subset: int = Field(0, ge=0, description="0 = the whole test split")
     train_subset: int = Field(0, ge=0, description="0 = the whole training split; else a fixed random subset")
@@ -197,7 +202,11 @@ class Settings(BaseModel):
     max_upload_mb: float = Field(512.0, gt=0)
     max_upload_samples: int = Field(1_000_000, ge=1)
     fault: str = Field("", description="fault injection, e.g. 'raise:1' or 'timeout:0,2'")
-    fault_scale: float = Field(100.0, description="the factor of fault 'scale'")
+    fault_scale: float = Field(100.0, description="the factor of faults 'scale' and 'scale-report'")
+    fault_strength: float = Field(
+        1.0, gt=0,
+        description="faults 'shift' (x the upload's spread), 'partial-garbage', 'label-noise', 'label-target' (share)",
+    )
     # plausibility checks of well-formed uploads (server/plausibility.py) and robust central
     # training (fedsmix/trainers/) for what they cannot decide
     plausibility: bool = Field(True, description="quarantine uploads that fail the plausibility checks")
@@ -288,10 +297,8 @@ class Settings(BaseModel):
     @field_validator("feature_skew_kinds")
     @classmethod
     def _known_shifts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from .acquisition import KINDS
-
-        if unknown := [k for k in value if k not in KINDS]:
-            raise ValueError(f"unknown shift {', '.join(map(repr, unknown))}; allowed: {', '.join(KINDS)}")
+        if unknown := [k for k in value if k not in FEATURE_SHIFTS]:
+            raise ValueError(f"unknown shift {', '.join(map(repr, unknown))}; allowed: {', '.join(FEATURE_SHIFTS)}")
         return value
 
     @field_validator("trainer")
@@ -315,6 +322,14 @@ class Settings(BaseModel):
     def _known_faults(cls, value: str) -> str:
         parse_faults(value)
         return value
+
+    @model_validator(mode="after")
+    def _fault_shares_are_shares(self) -> Settings:
+        shares = [k for k in parse_faults(self.fault) if k in FAULT_SHARES] if self.fault else []
+        if shares and self.fault_strength > 1:
+            raise ValueError(f"fault-strength: {self.fault_strength:g} is a share of the rows for fault "
+                             f"{shares[0]!r}; give a value in (0, 1]")
+        return self
 
     @field_validator("adversary")
     @classmethod

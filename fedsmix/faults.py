@@ -10,6 +10,12 @@ Dishonest parties send well-formed uploads that pass every validation check:
 per-coordinate mean and spread, labels kept), `label-flip:P` (classes permuted by a derangement),
 `replay:P` (another party's upload, fedsmix.party.replayed_upload). In FedAvg/FedProx `scale:P`
 scales and `sign-flip:P` negates the model update, and `label-flip:P` trains on permuted classes.
+
+Fault families, each with a strength, for measuring where a fault starts to cost and where a check catches
+it (benchmarks/plausibility.py): `scale-report:P` (inputs and every reported norm times `fault-scale`: a
+party consistent with itself), `shift:P` (every row moved by `fault-strength` x the upload's spread, in one
+random direction), `partial-garbage:P`, `label-noise:P` (that share of the rows random, or with classes
+permuted), `label-target:P` (that share of the rows of the party's commonest class relabelled as the next).
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import torch
 from fedsmix.config import FAULT_CORRUPTIONS as CORRUPTIONS
 from fedsmix.config import parse_faults as parse
 
-UPLOAD_FAULTS = ("scale", "garbage", "label-flip", "replay")  # well-formed, dishonest uploads
+UPLOAD_FAULTS = ("scale", "garbage", "label-flip", "replay",  # well-formed, dishonest uploads
+                 "scale-report", "shift", "partial-garbage", "label-noise", "label-target")
 UPDATE_FAULTS = ("scale", "sign-flip")  # dishonest FedAvg/FedProx model updates
 
 
@@ -101,27 +108,55 @@ def falsify_update(
     return out
 
 
+def _rows(n: int, share: float, generator: torch.Generator) -> np.ndarray:
+    """A random `share` of n rows (at least one), sorted."""
+    return np.sort(torch.randperm(n, generator=generator)[: max(1, round(share * n))].numpy())
+
+
 def corrupt(
     kind: str,
     arrays: dict[str, np.ndarray],
     metrics: dict,
     scale: float = 100.0,
     generator: torch.Generator | None = None,
+    strength: float = 1.0,
 ) -> tuple[dict[str, np.ndarray], dict]:
-    """Return a dishonest version of an upload (a copy: the honest one is untouched). `scale` and
+    """Return a dishonest version of an upload (a copy: the honest one is untouched). `scale`, `strength` and
     `generator` (the party's own "fault" stream) serve the kinds that need them."""
     x, y, metrics = arrays["x"].copy(), arrays["y"].copy(), dict(metrics)
     extra: dict[str, np.ndarray] = {}
-    if kind in ("garbage", "label-flip") and generator is None:
+    if kind in ("garbage", "label-flip", "shift", "partial-garbage", "label-noise", "label-target") \
+            and generator is None:
         raise ValueError(f"fault {kind!r} needs the party's generator")
-    if kind == "scale":
+    if kind in ("scale", "scale-report"):
         x = (x.astype(np.float64) * scale).astype(x.dtype)
-    elif kind == "garbage":  # the upload's own per-coordinate mean and spread: a plausible scale
+        if kind == "scale-report":  # every reported norm with it: c, m_f and the SNR bound are scale-free
+            for key, power in (("V", 2), ("D", 1), ("radius", 1), ("calibration-variance", 2), ("lambda-max", 2)):
+                if key in metrics:
+                    metrics[key] = float(metrics[key]) * scale**power
+    elif kind in ("garbage", "partial-garbage"):  # the upload's own per-coordinate mean and spread: a plausible scale
         flat = x.reshape(len(x), -1).astype(np.float64)
-        noise = torch.randn(flat.shape, generator=generator, dtype=torch.float64).numpy()
-        x = (flat.mean(0) + flat.std(0) * noise).astype(x.dtype).reshape(x.shape)
+        rows = np.arange(len(flat)) if kind == "garbage" else _rows(len(flat), strength, generator)
+        noise = torch.randn((len(rows), flat.shape[1]), generator=generator, dtype=torch.float64).numpy()
+        flat[rows] = flat.mean(0) + flat.std(0) * noise
+        x = flat.astype(x.dtype).reshape(x.shape)
+    elif kind == "shift":  # one direction for every row, `strength` x the rows' spread (centred norm) long
+        flat = x.reshape(len(x), -1).astype(np.float64)
+        spread = float(np.sqrt(((flat - flat.mean(0)) ** 2).sum(axis=1).mean()))
+        direction = torch.randn(flat.shape[1], generator=generator, dtype=torch.float64).numpy()
+        x = (flat + strength * spread * direction / np.linalg.norm(direction)).astype(x.dtype).reshape(x.shape)
     elif kind == "label-flip":
         y = np.ascontiguousarray(flip_classes(y, generator))
+    elif kind == "label-noise":
+        rows = _rows(len(y), strength, generator)
+        y[rows] = np.ascontiguousarray(flip_classes(y[rows], generator))
+    elif kind == "label-target":  # rows holding the commonest class: that class's mass moved to the next class
+        common = int(np.argmax((y > 0).sum(axis=0)))
+        holders = np.flatnonzero(y[:, common] > 0)
+        rows = holders[_rows(len(holders), strength, generator)] if len(holders) else holders
+        target = (common + 1) % y.shape[1]
+        y[rows, target] += y[rows, common]
+        y[rows, common] = 0.0
     elif kind == "nan":
         x.reshape(-1)[0] = np.nan
     elif kind == "inf":

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from . import data as datalib
+from .acquisition import party_unit
 from .config import Settings
 from .encoders import calibrate, data_statistics, sample_sphere
 from .runs import atomic_write_json, sha256_file
@@ -383,8 +384,6 @@ def party_pixels(
 ) -> tuple[torch.Tensor, datalib.DatasetSpec]:
     """A party's own images, normalised as in pixel space (where D_pixels is measured); `party`: as its
     acquisition records them (`feature-skew`; the server's splits have none)."""
-    from .space import party_unit
-
     raw = datalib.load_dataset(settings, split)
     return datalib.normalize(party_unit(settings, raw, rows, party), raw.spec), raw.spec
 

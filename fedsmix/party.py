@@ -37,7 +37,7 @@ from .faults import UPDATE_FAULTS, corrupt, corruption, falsify_update, flip_cla
 from .models import new_classifier, represent
 from .partition import partition_indices
 from .seeding import generator
-from .space import load_public_pool, pixel_spec, to_space, train_subset_rows
+from .space import load_public_pool, load_train_all, pixel_spec, to_space, train_subset_rows
 from .training import StepTrace, TrainReport, dp_sgd_noise_multiplier, train, train_config
 
 
@@ -100,6 +100,16 @@ def load_partition(settings: Settings, party: int, num_parties: int, part: str =
     x = to_space(settings, raw, "train", rows, party)
     labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
     return Partition(party, x, labels, raw.spec.num_classes, pixel_spec(settings, raw.spec), rows)
+
+
+def pooled_data(settings: Settings, num_parties: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What pooling every party's data in the clear gives (the centralised bound): the whole training split, or
+    under `feature-skew` the union of the `num_parties` parties' rows, each as its party's acquisition records it."""
+    if settings.feature_skew <= 0:
+        return load_train_all(settings)
+    parts = [load_partition(settings, p, num_parties, part)
+             for p in range(num_parties) for part in ("train", "validation")]
+    return torch.cat([p.x for p in parts]), torch.cat([p.labels for p in parts])
 
 
 # --------------------------------------------------------------------------------- mixup-union
@@ -322,7 +332,8 @@ def prepare_upload(settings: Settings, party: int, num_parties: int,
     if kind == "replay":
         arrays, metrics = replayed_upload(settings, party, num_parties)
     elif kind:
-        arrays, metrics = corrupt(kind, arrays, metrics, settings.fault_scale, generator(settings.seed, party, "fault"))
+        arrays, metrics = corrupt(kind, arrays, metrics, settings.fault_scale, generator(settings.seed, party, "fault"),
+                                  settings.fault_strength)
     return Upload(arrays, metrics, part, enc, cal)
 
 

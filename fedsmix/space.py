@@ -11,28 +11,13 @@ import numpy as np
 import torch
 
 from . import data as datalib
-from .acquisition import Acquisition, party_acquisition
+from .acquisition import acquisition, party_unit
 from .config import Settings
 
 
 def pixel_spec(settings: Settings, ds: datalib.DatasetSpec | None = None) -> datalib.DatasetSpec:
     """The run's pixel normalisation (`normalisation`) of `ds` (default: the run's data set)."""
     return datalib.pixel_spec(ds or datalib.dataset_spec(settings), settings.normalisation)
-
-
-def acquisition(settings: Settings, spec: datalib.DatasetSpec, party: int | None) -> Acquisition | None:
-    """How `party` records its images under `feature-skew` (None: as stored; also for the server's splits)."""
-    if party is None:
-        return None
-    return party_acquisition(settings.feature_skew, settings.feature_skew_kinds, settings.seed, party,
-                             spec.sample_shape)
-
-
-def party_unit(settings: Settings, raw: datalib.RawSplit, rows: np.ndarray | None, party: int | None) -> torch.Tensor:
-    """Images in [0, 1] as `party` holds them: its acquisition applied (none for the server's splits)."""
-    unit = datalib.to_unit(raw.images if rows is None else raw.images[rows], raw.spec)
-    shift = acquisition(settings, raw.spec, party)
-    return unit if shift is None else shift(unit)
 
 
 def to_space(settings: Settings, raw: datalib.RawSplit, split: str, rows: np.ndarray | None,
@@ -87,17 +72,8 @@ def load_test(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.from_numpy(labels.astype(np.int64))
 
 
-def load_train_all(settings: Settings, num_parties: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole training split in mixing space: only for the non-private reference. Under `feature-skew` the
-    union of what the `num_parties` parties hold (each row as its party's acquisition records it)."""
-    if settings.feature_skew > 0:
-        if num_parties < 1:
-            raise ValueError("feature-skew: the pooled reference needs the number of parties (whose shifts it pools)")
-        from .party import load_partition
-
-        parts = [load_partition(settings, p, num_parties, part) for p in range(num_parties)
-                 for part in ("train", "validation")]
-        return torch.cat([p.x for p in parts]), torch.cat([p.labels for p in parts])
+def load_train_all(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole training split in mixing space, as stored (the pooled reference: fedsmix.party.pooled_data)."""
     raw = datalib.load_dataset(settings, "train")
     rows = train_subset_rows(settings, len(raw))
     labels = raw.labels if rows is None else raw.labels[rows]

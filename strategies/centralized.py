@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 
 from fedsmix import data as datalib
-from fedsmix.space import load_train_all, mixing_shape
+from fedsmix.party import pooled_data
+from fedsmix.space import mixing_shape
 from fedsmix.trainers import test_accuracy, train_classifier
 from server.context import RunContext
 from strategies.common import epoch_hook, weights_record
@@ -17,7 +18,7 @@ from strategies.common import epoch_hook, weights_record
 
 def run(ctx: RunContext) -> dict:
     s, t0 = ctx.settings, time.perf_counter()
-    x, labels = load_train_all(s, len(ctx.nodes()) if s.feature_skew > 0 else 0)
+    x, labels = pooled_data(s, len(ctx.nodes()) if s.feature_skew > 0 else 0)
     num_classes = datalib.dataset_spec(s).num_classes
     curve: list[dict] = []
     model, report = train_classifier(

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from fedsmix import data as datalib
-from fedsmix.acquisition import KINDS, Acquisition, party_acquisition
+from fedsmix.acquisition import KINDS, Acquisition, acquisition, party_acquisition, party_unit
 from fedsmix.config import SettingsError, load_settings
-from fedsmix.party import load_partition
-from fedsmix.space import acquisition, load_train_all, party_unit, pixel_spec
+from fedsmix.party import load_partition, pooled_data
+from fedsmix.space import pixel_spec
 
 QUICK = {"preset": "configs/quickstart.yaml"}
 
@@ -79,12 +79,10 @@ def test_a_partition_holds_its_partys_shifted_images_in_both_parts(one_thread):
 
 def test_the_pooled_reference_pools_what_the_parties_hold(one_thread):
     skewed = load_settings({**QUICK, "feature-skew": 1.0})
-    with pytest.raises(ValueError, match="number of parties"):
-        load_train_all(skewed)
-    x, labels = load_train_all(skewed, 4)
+    x, labels = pooled_data(skewed, 4)
     parts = [load_partition(skewed, p, 4, part) for p in range(4) for part in ("train", "validation")]
     assert len(x) == len(datalib.load_dataset(skewed, "train")) == sum(len(p.labels) for p in parts)
-    assert torch.equal(x[: len(parts[0].x)], parts[0].x)
+    assert torch.equal(x[: len(parts[0].x)], parts[0].x) and torch.equal(labels[: len(parts[0].x)], parts[0].labels)
 
 
 def test_features_are_extracted_from_the_shifted_images(tmp_path, one_thread):

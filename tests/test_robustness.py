@@ -53,6 +53,38 @@ def test_fault_kinds_parse_and_unknown_ones_name_the_key():
         load_settings({"fault": "flip:1"})
     with pytest.raises(SettingsError, match="aggregation"):
         load_settings({"aggregation": "median"})
+    with pytest.raises(SettingsError, match="fault-strength: 2 is a share of the rows for fault 'label-noise'"):
+        load_settings({"fault": "label-noise:1", "fault-strength": 2})
+    assert load_settings({"fault": "shift:1", "fault-strength": 2}).fault_strength == 2  # a length, not a share
+
+
+def test_fault_families_do_what_their_names_say_at_their_strength(quickstart):
+    _, uploads, _ = quickstart
+    honest = uploads[BAD]
+    x, y, n = honest.arrays["x"], honest.arrays["y"], len(honest.arrays["y"])
+
+    def fault(kind, **kw):
+        return corrupt(kind, honest.arrays, honest.metrics, generator=generator(0, BAD, "fault"), **kw)
+
+    both, told = fault("scale-report", scale=3.0)
+    assert np.allclose(both["x"], 3 * x, rtol=1e-6)
+    assert (told["D"], told["V"], told["c"]) == pytest.approx((3 * honest.metrics["D"], 9 * honest.metrics["V"],
+                                                               honest.metrics["c"]))
+    moved, _ = fault("shift", strength=0.5)
+    step = (moved["x"] - x).reshape(n, -1).astype(np.float64)
+    flat = x.reshape(n, -1).astype(np.float64)
+    assert np.allclose(step, step[0], atol=1e-5)  # one direction for every row...
+    assert np.linalg.norm(step[0]) == pytest.approx(0.5 * np.sqrt(((flat - flat.mean(0)) ** 2).sum(1).mean()), 1e-4)
+    part, _ = fault("partial-garbage", strength=0.25)
+    changed = (part["x"] != x).reshape(n, -1).any(axis=1)
+    assert changed.sum() == round(0.25 * n) and np.array_equal(part["y"], y)
+    noisy, _ = fault("label-noise", strength=0.25)
+    relabelled = (noisy["y"] != y).any(axis=1)
+    assert relabelled.sum() == round(0.25 * n) and np.array_equal(noisy["x"], x)
+    targeted, _ = fault("label-target", strength=1.0)
+    common = int(np.argmax((y > 0).sum(axis=0)))
+    assert not (targeted["y"][:, common] > 0).any() and np.allclose(targeted["y"].sum(1), 1)
+    assert ((targeted["y"] != y).any(axis=1) == (y[:, common] > 0)).all()  # exactly the rows that held it
 
 
 def test_dishonest_uploads_are_what_their_names_say(quickstart):

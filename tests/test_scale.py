@@ -140,13 +140,18 @@ def expectation_for(settings):
 
 
 def upload_reply(party: int, rows: int) -> Message:
-    """A plausible upload of encoder `none` (one-hot labels; V, D and c those of standard normal rows)."""
+    """A plausible upload of encoder `none`: random digits-sized images inside the data's valid range, one-hot
+    labels, and the V, D and c of those rows."""
+    from fedsmix import data as datalib
+
     ins = Message(RecordDict({}), dst_node_id=100 + party, message_type="query.encode")
-    x = np.random.default_rng(party).standard_normal((rows, 1, 8, 8), dtype=np.float32)
+    lo, hi = (float(b) for b in datalib.valid_range(datalib.spec("digits")))
+    x = (lo + (hi - lo) * np.random.default_rng(party).random((rows, 1, 8, 8))).astype(np.float32)
     y = np.eye(10, dtype=np.float32)[np.arange(rows) % 10]
     upload = ArrayRecord({"x": Array(x), "y": Array(y)})
-    report = {"party": party, "num-examples": rows, "alpha": 0.7, "tau": 1.0, "radius": 0.0, "V": 64.0,
-              "D": 128**0.5, "c": 1.0}
+    V = float(((x.reshape(rows, -1) - x.reshape(rows, -1).mean(0)) ** 2).sum(1).mean())
+    report = {"party": party, "num-examples": rows, "alpha": 0.7, "tau": 1.0, "radius": 0.0, "V": V,
+              "D": (2 * V) ** 0.5, "c": 1.0}
     return Message(RecordDict({"upload": upload, "metrics": MetricRecord(report)}), reply_to=ins)
 
 
