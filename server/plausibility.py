@@ -373,6 +373,7 @@ class Agreement:
     expected: float  # the same, at the hit rates that other parties' rows of the same classes reach
     chance: float  # the same, for a uniformly random class
     by_class: dict[int, Agreement] = field(default_factory=dict)  # the same over the rows labelled with each class
+    by_class_context: Agreement | None = None  # all its rows under the heads that judged `by_class`
 
     @property
     def shortfall(self) -> float:
@@ -381,39 +382,61 @@ class Agreement:
 
 
 def agreement(evidence: list[Evidence]) -> dict[int, Agreement]:
-    """Ridge heads fitted on a balanced sample of the parties' rows predict each sampled row's class; a row is a
-    hit when the class is in its label support. The parties are dealt into FIT_FOLDS folds (in arrival order) and
-    a party's rows are predicted by the head fitted on the other folds: a party that relabels a class never
-    teaches the head that judges it its own lie. A party is compared with the other parties' rows of the same
-    classes (a hard class is hard for everybody), so label skew alone does not make it look bad."""
+    """How well each party's labels match what ridge heads read from its inputs; a row is a hit when the
+    predicted class is in its label support, and a party is compared with the other parties' rows of the same
+    classes (a hard class is hard for everybody), so label skew alone does not make it look bad.
+
+    Over all its rows: one head fitted on a balanced sample of every party's rows (a party whose images differ,
+    feature skew, taught the head its own look). Class by class (`by_class`): the parties are dealt into FIT_FOLDS
+    folds (in arrival order) and a party's rows are predicted by the head fitted on the other folds, so a party
+    that relabels a class never teaches the head that judges it its own lie, against the median holder's rate of
+    the class (which one liar does not move); a class a party mostly holds is not judged (nobody can contradict
+    it there)."""
     folds = min(FIT_FOLDS, len(evidence))
     fold = np.concatenate([np.full(len(e.fit_y), i % folds) for i, e in enumerate(evidence)])
     x = np.concatenate([e.fit_x for e in evidence])
     y = np.concatenate([e.fit_y for e in evidence])
     parts = [Sums.of(x[fold == k], y[fold == k]) for k in range(folds)]  # one pass; a head's data = all - its fold
     total = functools.reduce(operator.add, parts)
-    heads = [linear_heads("ridge", Moments.from_sums(total - part), (FIT_GAMMA,))[f"ridge@{FIT_GAMMA:g}"]
-             for part in parts]
+    heads = [linear_heads("ridge", Moments.from_sums(m), (FIT_GAMMA,))[f"ridge@{FIT_GAMMA:g}"]
+             for m in [total] + [total - part for part in parts]]
     taught = np.stack([(y[fold != k] > LABEL_TOLERANCE).sum(axis=0) for k in range(folds)])  # rows per class, per head
-    support, hits, teachers = {}, {}, {}
+    support = {e.party: e.fit_y > LABEL_TOLERANCE for e in evidence}
     with torch.no_grad():
-        for i, e in enumerate(evidence):
-            teachers[e.party] = taught[i % folds]
-            predicted = heads[i % folds](torch.from_numpy(e.fit_x).float()).argmax(dim=1).numpy()
-            support[e.party] = e.fit_y > LABEL_TOLERANCE
-            hits[e.party] = support[e.party][np.arange(len(predicted)), predicted].astype(np.float64)
+        def hits_by(head_of) -> dict[int, np.ndarray]:
+            out = {}
+            for i, e in enumerate(evidence):
+                predicted = heads[head_of(i)](torch.from_numpy(e.fit_x).float()).argmax(dim=1).numpy()
+                out[e.party] = support[e.party][np.arange(len(predicted)), predicted].astype(np.float64)
+            return out
+
+        everyone, held_out = hits_by(lambda i: 0), hits_by(lambda i: 1 + i % folds)
+    whole = _agreements(support, everyone, {p: None for p in support}, typical=False)
+    teachers = {e.party: taught[i % folds] for i, e in enumerate(evidence)}
+    by_class = _agreements(support, held_out, teachers, typical=True)
+    for p, a in whole.items():
+        a.by_class, a.by_class_context = dict(by_class[p].by_class), by_class[p]
+    return whole
+
+
+def _agreements(support: dict[int, np.ndarray], hits: dict[int, np.ndarray], teachers: dict[int, np.ndarray | None],
+                typical: bool) -> dict[int, Agreement]:
+    """Each party's Agreement from its rows' hits: expected at the pooled rate of the other parties' rows of the
+    same classes, or (`typical`) at the median holder's rate; `teachers`: rows per class the head judging the
+    party learnt from (None: every party's)."""
     class_hits = {p: hits[p] @ support[p] for p in support}  # per class: hits among rows holding the class
     class_rows = {p: support[p].sum(axis=0).astype(np.float64) for p in support}
     total_hits, total_rows = sum(class_hits.values()), sum(class_rows.values())
-    typical = _typical_rates(np.stack(list(class_hits.values())), np.stack(list(class_rows.values())))
+    median = _typical_rates(np.stack(list(class_hits.values())), np.stack(list(class_rows.values()))) if typical \
+        else None
     out = {}
     for p in support:
         others = total_rows - class_rows[p]
-        # a class is known where other parties hold it and the head judging p learnt it from at least as many rows
-        # as p holds: a party that holds most of a class cannot be contradicted on it
-        known = (others >= MIN_CLASS_ROWS) & (teachers[p] >= class_rows[p])
+        known = others >= MIN_CLASS_ROWS
+        if teachers[p] is not None:  # a party that holds most of a class cannot be contradicted on it
+            known &= teachers[p] >= class_rows[p]
         pooled = (total_hits - class_hits[p]) / np.maximum(others, 1)
-        rate = np.where(known, np.where(np.isnan(typical), pooled, typical), np.nan)
+        rate = np.where(known, pooled if median is None else np.where(np.isnan(median), pooled, median), np.nan)
         judged = (support[p] & known).sum(axis=1) == support[p].sum(axis=1)  # every class of the row known
         expected = np.nanmean(np.where(support[p][judged], rate, np.nan), axis=1)
         held, chance = support[p][judged], support[p][judged].sum(axis=1) / support[p].shape[1]
@@ -461,7 +484,7 @@ def disagreements(evidence: list[Evidence]) -> list[dict]:
                 and shortfall[party] - median > SPREAD_Z * spread:
             verdicts.append(_verdict(Implausible(
                 party, "labels-vs-inputs",
-                f"ridge heads fitted on the other parties' rows put {100 * a.hits / a.rows:.0f}% of its rows in their "
+                f"a ridge head fitted on every party's rows puts {100 * a.hits / a.rows:.0f}% of its rows in their "
                 f"label support, where other parties' rows of the same classes reach {100 * a.expected / a.rows:.0f}% "
                 f"(chance {100 * a.chance / a.rows:.0f}%)",
             )))
@@ -479,8 +502,9 @@ def disagreements(evidence: list[Evidence]) -> list[dict]:
 
 
 def _own_ratio(a: Agreement, b: Agreement) -> float:
-    """The party's hits over the expected ones on its rows outside class b (at most 1): how much harder its own
-    data are to read (its acquisition, say), which its rows of b share."""
+    """The party's hits over the expected ones on its rows outside class b (at most 1), under the heads that judged
+    b: how much harder its own data are to read (its acquisition, say), which its rows of b share."""
+    a = a.by_class_context or a
     other_hits, other_expected = a.hits - b.hits, a.expected - b.expected
     return min(1.0, other_hits / other_expected) if other_expected > 0 else 1.0
 
