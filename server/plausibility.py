@@ -29,12 +29,10 @@ Across parties (`quarantine`, after every upload arrived; the last two need at l
 - `replay`: rows that (nearly) repeat another party's: a random projection of every row, nearest rows of
   each earlier-arrived party. Content cannot tell which of two copies is the original: the upload that
   arrived first is kept and the later one quarantined, naming both.
-- `labels-vs-inputs`: ridge heads fitted on a balanced sample of the remaining parties' rows predict each
-  upload row's class, a party's rows always by a head fitted without them (FIT_FOLDS folds of parties); an
-  honest party's predictions fall in its rows' label support about as often as other parties' rows of the
-  same classes do (class by class: under label skew a party holding a hard class is not suspect), random
-  inputs (garbage) or permuted classes (label flipping) far less, over all its rows or over the rows it
-  labels with one class (one class relabelled as another); flagged only where an
+- `labels-vs-inputs`: a ridge head fitted on a balanced sample of every remaining party's rows predicts each
+  upload row's class; an honest party's predictions fall in its rows' label support about as often as other
+  parties' rows of the same classes do (class by class: under label skew a party holding a hard class is
+  not suspect), random inputs (garbage) or permuted classes (label flipping) far less; flagged only where an
   honest party's chance of so few hits (Chernoff's bound) is below FALSE_ALARM / the parties judged, so the
   federation as a whole has that chance of one false alarm whatever its size. Decided only
   when the parties' agreement is well above chance (at tiny tau the noise hides the labels from any linear
@@ -53,8 +51,7 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -62,7 +59,7 @@ import torch
 from fedsmix.config import INSTAHIDE, Settings
 from fedsmix.encoders import noise_multiplier
 from fedsmix.seeding import generator
-from fedsmix.trainers import Moments, Sums, linear_heads, weight_moments
+from fedsmix.trainers import Moments, linear_heads, weight_moments
 
 REPORTED = ("alpha", "tau", "radius", "V", "D", "c")  # what every party reports with its upload (party.py)
 LABEL_TOLERANCE = 1e-4  # float32 soft labels computed from float64 weights
@@ -78,9 +75,7 @@ DUPLICATE_SHARE = 0.5  # ... for at least half of the looked-up rows
 FIT_DIM = 512  # the ridge head of labels-vs-inputs works on at most this many (projected) dimensions
 FIT_ROWS = 500  # rows of each upload in its balanced fit
 FIT_GAMMA = 0.1  # relative ridge penalty
-FIT_FOLDS = 5  # labels-vs-inputs judges each party with a head fitted on the other folds of parties
 MIN_CLASS_ROWS = 20  # labels-vs-inputs judges a row when other parties' samples hold its classes this often
-MIN_CLASS_JUDGED = 10  # ... and one class of a party when it labels this many of the party's judged rows
 SIGNAL = 0.3  # labels-vs-inputs decides only when the median party's expected agreement beats chance by this
 AGREEMENT_GAP = 0.5  # ... and flags a party that misses more than half of its expected lift over chance,
 FALSE_ALARM = 1e-3  # ... where so few hits have a chance below this / the number of parties judged (Chernoff)
@@ -372,8 +367,6 @@ class Agreement:
     hits: float  # rows whose predicted class is in the row's label support
     expected: float  # the same, at the hit rates that other parties' rows of the same classes reach
     chance: float  # the same, for a uniformly random class
-    by_class: dict[int, Agreement] = field(default_factory=dict)  # the same over the rows labelled with each class
-    by_class_context: Agreement | None = None  # all its rows under the heads that judged `by_class`
 
     @property
     def shortfall(self) -> float:
@@ -382,91 +375,38 @@ class Agreement:
 
 
 def agreement(evidence: list[Evidence]) -> dict[int, Agreement]:
-    """How well each party's labels match what ridge heads read from its inputs; a row is a hit when the
-    predicted class is in its label support, and a party is compared with the other parties' rows of the same
-    classes (a hard class is hard for everybody), so label skew alone does not make it look bad.
-
-    Over all its rows: one head fitted on a balanced sample of every party's rows (a party whose images differ,
-    feature skew, taught the head its own look). Class by class (`by_class`): the parties are dealt into FIT_FOLDS
-    folds (in arrival order) and a party's rows are predicted by the head fitted on the other folds, so a party
-    that relabels a class never teaches the head that judges it its own lie, against the median holder's rate of
-    the class (which one liar does not move); a class a party mostly holds is not judged (nobody can contradict
-    it there)."""
-    folds = min(FIT_FOLDS, len(evidence))
-    fold = np.concatenate([np.full(len(e.fit_y), i % folds) for i, e in enumerate(evidence)])
+    """One ridge head fitted on a balanced sample of every party's rows predicts each sampled row's class; a
+    row is a hit when the class is in its label support. A party is compared with the other parties' rows of
+    the same classes (a hard class is hard for everybody), so label skew alone does not make it look bad."""
     x = np.concatenate([e.fit_x for e in evidence])
     y = np.concatenate([e.fit_y for e in evidence])
-    parts = [Sums.of(x[fold == k], y[fold == k]) for k in range(folds)]  # one pass; a head's data = all - its fold
-    total = functools.reduce(operator.add, parts)
-    heads = [linear_heads("ridge", Moments.from_sums(m), (FIT_GAMMA,))[f"ridge@{FIT_GAMMA:g}"]
-             for m in [total] + [total - part for part in parts]]
-    taught = np.stack([(y[fold != k] > LABEL_TOLERANCE).sum(axis=0) for k in range(folds)])  # rows per class, per head
-    support = {e.party: e.fit_y > LABEL_TOLERANCE for e in evidence}
+    head = linear_heads("ridge", Moments.of(x, y), (FIT_GAMMA,))[f"ridge@{FIT_GAMMA:g}"]
+    support, hits = {}, {}
     with torch.no_grad():
-        def hits_by(head_of) -> dict[int, np.ndarray]:
-            out = {}
-            for i, e in enumerate(evidence):
-                predicted = heads[head_of(i)](torch.from_numpy(e.fit_x).float()).argmax(dim=1).numpy()
-                out[e.party] = support[e.party][np.arange(len(predicted)), predicted].astype(np.float64)
-            return out
-
-        everyone, held_out = hits_by(lambda i: 0), hits_by(lambda i: 1 + i % folds)
-    whole = _agreements(support, everyone, {p: None for p in support}, typical=False)
-    teachers = {e.party: taught[i % folds] for i, e in enumerate(evidence)}
-    by_class = _agreements(support, held_out, teachers, typical=True)
-    for p, a in whole.items():
-        a.by_class, a.by_class_context = dict(by_class[p].by_class), by_class[p]
-    return whole
-
-
-def _agreements(support: dict[int, np.ndarray], hits: dict[int, np.ndarray], teachers: dict[int, np.ndarray | None],
-                typical: bool) -> dict[int, Agreement]:
-    """Each party's Agreement from its rows' hits: expected at the pooled rate of the other parties' rows of the
-    same classes, or (`typical`) at the median holder's rate; `teachers`: rows per class the head judging the
-    party learnt from (None: every party's)."""
+        for e in evidence:
+            predicted = head(torch.from_numpy(e.fit_x).float()).argmax(dim=1).numpy()
+            support[e.party] = e.fit_y > LABEL_TOLERANCE
+            hits[e.party] = support[e.party][np.arange(len(predicted)), predicted].astype(np.float64)
     class_hits = {p: hits[p] @ support[p] for p in support}  # per class: hits among rows holding the class
     class_rows = {p: support[p].sum(axis=0).astype(np.float64) for p in support}
     total_hits, total_rows = sum(class_hits.values()), sum(class_rows.values())
-    median = _typical_rates(np.stack(list(class_hits.values())), np.stack(list(class_rows.values()))) if typical \
-        else None
     out = {}
     for p in support:
         others = total_rows - class_rows[p]
         known = others >= MIN_CLASS_ROWS
-        if teachers[p] is not None:  # a party that holds most of a class cannot be contradicted on it
-            known &= teachers[p] >= class_rows[p]
-        pooled = (total_hits - class_hits[p]) / np.maximum(others, 1)
-        rate = np.where(known, pooled if median is None else np.where(np.isnan(median), pooled, median), np.nan)
+        rate = np.where(known, (total_hits - class_hits[p]) / np.maximum(others, 1), np.nan)
         judged = (support[p] & known).sum(axis=1) == support[p].sum(axis=1)  # every class of the row known
         expected = np.nanmean(np.where(support[p][judged], rate, np.nan), axis=1)
-        held, chance = support[p][judged], support[p][judged].sum(axis=1) / support[p].shape[1]
         out[p] = Agreement(
             rows=int(judged.sum()), hits=float(hits[p][judged].sum()), expected=float(expected.sum()),
-            chance=float(chance.sum()),
-            by_class={c: Agreement(rows=int(held[:, c].sum()), hits=float(hits[p][judged][held[:, c]].sum()),
-                                   expected=float(expected[held[:, c]].sum()), chance=float(chance[held[:, c]].sum()))
-                      for c in range(held.shape[1]) if held[:, c].sum() >= MIN_CLASS_JUDGED},
+            chance=float(support[p][judged].sum() / support[p].shape[1]),
         )
-    return out
-
-
-def _typical_rates(class_hits: np.ndarray, class_rows: np.ndarray) -> np.ndarray:
-    """Per class, the median hit rate of the parties that hold it in at least MIN_CLASS_JUDGED sampled rows (NaN
-    where fewer than MIN_PEERS do: the pooled rate of the other parties is used there). A median, so that one
-    party that lies about a class moves neither the rate it is judged by nor the rates the others are."""
-    held = class_rows >= MIN_CLASS_JUDGED
-    rates = np.where(held, class_hits / np.maximum(class_rows, 1), np.nan)
-    enough = held.sum(axis=0) >= MIN_PEERS
-    out = np.full(class_rows.shape[1], np.nan)
-    if enough.any():
-        out[enough] = np.nanmedian(rates[:, enough], axis=0)
     return out
 
 
 def disagreements(evidence: list[Evidence]) -> list[dict]:
     """Parties whose labels the inputs do not explain as well as other parties' rows of the same classes
-    (garbage inputs, permuted classes), over all their rows or over the rows labelled with one class (one
-    class relabelled as another: the rows that claim it miss where other parties' rows of it hit)."""
+    (garbage inputs, permuted classes)."""
     if len(evidence) < MIN_PEERS:
         return []
     scores = {p: a for p, a in agreement(evidence).items() if a.rows}
@@ -477,10 +417,9 @@ def disagreements(evidence: list[Evidence]) -> list[dict]:
         return []
     shortfall = {p: a.shortfall for p, a in scores.items()}
     median, spread = float(np.median(list(shortfall.values()))), _robust_spread(list(shortfall.values()))
-    tests = len(scores) + sum(len(a.by_class) for a in scores.values())  # they share the federation's FALSE_ALARM
-    verdicts = []
+    verdicts, alarm = [], FALSE_ALARM / len(scores)
     for party, a in scores.items():
-        if shortfall[party] > AGREEMENT_GAP and fewer_hits_chance(a.hits, a.rows, a.expected) < FALSE_ALARM / tests \
+        if shortfall[party] > AGREEMENT_GAP and fewer_hits_chance(a.hits, a.rows, a.expected) < alarm \
                 and shortfall[party] - median > SPREAD_Z * spread:
             verdicts.append(_verdict(Implausible(
                 party, "labels-vs-inputs",
@@ -488,38 +427,7 @@ def disagreements(evidence: list[Evidence]) -> list[dict]:
                 f"label support, where other parties' rows of the same classes reach {100 * a.expected / a.rows:.0f}% "
                 f"(chance {100 * a.chance / a.rows:.0f}%)",
             )))
-            continue
-        if (c := relabelled_class(a, FALSE_ALARM / tests)) is not None:
-            b = a.by_class[c]
-            verdicts.append(_verdict(Implausible(
-                party, "labels-vs-inputs",
-                f"of its {b.rows} sampled rows labelled with class {c}, ridge heads fitted on the other parties' rows "
-                f"put {100 * b.hits / b.rows:.0f}% in their label support, where other parties' rows of the class "
-                f"reach {100 * b.expected / b.rows:.0f}% and its own other rows {100 * _own_ratio(a, b):.0f}% of "
-                "theirs",
-            )))
     return verdicts
-
-
-def _own_ratio(a: Agreement, b: Agreement) -> float:
-    """The party's hits over the expected ones on its rows outside class b (at most 1), under the heads that judged
-    b: how much harder its own data are to read (its acquisition, say), which its rows of b share."""
-    a = a.by_class_context or a
-    other_hits, other_expected = a.hits - b.hits, a.expected - b.expected
-    return min(1.0, other_hits / other_expected) if other_expected > 0 else 1.0
-
-
-def relabelled_class(a: Agreement, alarm: float) -> int | None:
-    """The class whose rows a party labels against what the inputs show, if one: its rows of the class miss more
-    than AGREEMENT_GAP of the expected lift over chance, and so often that an honest party's chance of so few
-    hits is below `alarm` even at its own other rows' rate relative to the other parties' (so that a party whose
-    images are all harder to read is judged by its own standard)."""
-    for c, b in sorted(a.by_class.items(), key=lambda item: -item[1].shortfall):
-        if b.shortfall <= AGREEMENT_GAP:
-            return None
-        if fewer_hits_chance(b.hits, b.rows, b.expected * _own_ratio(a, b)) < alarm:
-            return c
-    return None
 
 
 def fewer_hits_chance(hits: float, rows: int, expected: float) -> float:

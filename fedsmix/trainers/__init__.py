@@ -61,7 +61,7 @@ from .selection import (
     test_accuracy,
     train_union,
 )
-from .union import CLIP_FACTOR, Clipped, Moments, Rows, Sums, Union, clipped, union_statistics, weight_moments
+from .union import CLIP_FACTOR, Clipped, Moments, Rows, Union, clipped, union_statistics, weight_moments
 
 TRAINERS.add("mlp", mlp.MLP)
 TRAINERS.add("mlp-recal", mlp.MLP_RECAL)
@@ -73,8 +73,7 @@ TRAINERS.add("lda-public", linear.LDA_PUBLIC)
 PUBLIC = tuple(name for name, family in TRAINERS.items() if family.needs_public)  # built-in families on the pool
 
 __all__ = [
-    "CLIP_FACTOR", "PUBLIC", "Clipped", "Fitted", "Job", "LinearHead", "Moments", "Rows", "Selection", "Sums",
-    "TrainReport",
+    "CLIP_FACTOR", "PUBLIC", "Clipped", "Fitted", "Job", "LinearHead", "Moments", "Rows", "Selection", "TrainReport",
     "Trainer", "Union", "build_model", "candidate_names", "clipped", "empty_head", "ensure_run_features", "families",
     "fit", "linear_heads", "needs_public", "party_summary", "public_covariance", "recalibrate_batchnorm",
     "score_models", "server_public", "test_accuracy", "train_classifier", "train_union", "union_statistics",

@@ -138,29 +138,6 @@ class Moments:
 
     @classmethod
     def of(cls, x, y: np.ndarray, block: int = 4096) -> Moments:
-        return cls.from_sums(Sums.of(x, y, block))
-
-    @classmethod
-    def from_sums(cls, sums: Sums) -> Moments:
-        n = sums.n
-        mx, my = sums.x / n, sums.y / n
-        return cls(n, mx, my, sums.xx / n - torch.outer(mx, mx), sums.xy / n - torch.outer(mx, my), sums.yy / n)
-
-
-@dataclass
-class Sums:
-    """Raw sums of rows, labels and their products (float64): they add and subtract, so the moments of the union
-    without one block of rows cost one subtraction, not another pass."""
-
-    n: int
-    x: torch.Tensor
-    y: torch.Tensor
-    xx: torch.Tensor
-    xy: torch.Tensor
-    yy: torch.Tensor
-
-    @classmethod
-    def of(cls, x, y: np.ndarray, block: int = 4096) -> Sums:
         n = len(y)
         first = _flat(x[np.arange(min(block, n))])
         d, c = first.shape[1], y.shape[1]
@@ -174,15 +151,8 @@ class Sums:
             syy += (yb * yb).sum(0)
             sxx.addmm_(xb.T, xb)
             sxy.addmm_(xb.T, yb)
-        return cls(n, sx, sy, sxx, sxy, syy)
-
-    def __sub__(self, other: Sums) -> Sums:
-        return Sums(self.n - other.n, self.x - other.x, self.y - other.y, self.xx - other.xx, self.xy - other.xy,
-                    self.yy - other.yy)
-
-    def __add__(self, other: Sums) -> Sums:
-        return Sums(self.n + other.n, self.x + other.x, self.y + other.y, self.xx + other.xx, self.xy + other.xy,
-                    self.yy + other.yy)
+        mx, my = sx / n, sy / n
+        return cls(n, mx, my, sxx / n - torch.outer(mx, mx), sxy / n - torch.outer(mx, my), syy / n)
 
 
 def _flat(rows) -> torch.Tensor:
