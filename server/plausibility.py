@@ -184,7 +184,8 @@ def check_domain(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Set
     if D > diameter * (1 + REPORT_TOLERANCE):
         raise Implausible(
             evidence.party, "domain",
-            f"reports D {D:.4g}; no two images of {settings.dataset} are farther apart than {diameter:.4g} "
+            f"reports D {D:.4g}; no two samples of {settings.dataset} "
+            f"({'features' if settings.backbone != 'none' else 'pixels'}) are farther apart than {diameter:.4g} "
             "(the valid range's diagonal)",
         )
     allowed = domain_allowance(metrics, settings)
@@ -508,9 +509,10 @@ def _energy(flat, block: int = 4096) -> tuple[float, float]:
     return float(distances.mean()), error
 
 
-def _outside(flat, lo: np.ndarray, hi: np.ndarray, block: int = 4096) -> float:
-    """The largest distance of a row beyond the box [lo, hi], less DOMAIN_TOLERANCE x the row's norm."""
-    worst = 0.0
+def _outside(flat, lo: np.ndarray, hi: np.ndarray) -> float:
+    """The largest distance of a row beyond the box [lo, hi], less DOMAIN_TOLERANCE x the row's norm (in blocks of
+    about 32 MB of float64: a 224 px row is 150,528 values)."""
+    worst, block = 0.0, max(1, 2**22 // flat.shape[1])
     for start in range(0, len(flat), block):
         rows = np.asarray(flat[start : start + block], dtype=np.float64)
         beyond = np.maximum(rows - hi, 0.0) + np.maximum(lo - rows, 0.0)

@@ -228,7 +228,7 @@ def test_a_party_that_scales_its_report_too_leaves_the_data_domain(quickstart):
                "radius": honest.metrics["radius"] * 100}
     verdicts = with_bad(quickstart, arrays, metrics)
     assert [(v["party"], v["check"]) for v in verdicts] == [(BAD, "domain")], verdicts
-    assert "no two images of digits are farther apart" in verdicts[0]["reason"]
+    assert "no two samples of digits (pixels) are farther apart" in verdicts[0]["reason"]
 
 
 def test_honest_parties_that_differ_in_acquisition_are_not_quarantined(one_thread):
