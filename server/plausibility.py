@@ -36,7 +36,8 @@ Across parties (`quarantine`, after every upload arrived; the last two need at l
   honest party's chance of so few hits (Chernoff's bound) is below FALSE_ALARM / the parties judged, so the
   federation as a whole has that chance of one false alarm whatever its size. Decided only
   when the parties' agreement is well above chance (at tiny tau the noise hides the labels from any linear
-  head, and the check abstains: robust central training is the fallback there, fedsmix/trainers/).
+  head, and the check abstains; on features, where mixup-union still learns at tau 1e-3, a label-flipped
+  party then costs points: docs/results/robustness.md measures how many).
 - `structure`: real encodings put a good share of their (centred) energy into the few principal directions
   the parties' rows share; random values spread it over every direction (the sphere noise of a small tau
   does too, and then the check abstains). Catches garbage whose mean alone carries the party's classes
