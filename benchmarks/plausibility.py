@@ -112,14 +112,21 @@ def flags_per_check(evidence: list, uploads: list, settings) -> dict[str, list[i
     return flags
 
 
-def examine_honest(overrides: dict, parties: int) -> dict:
-    settings = load_settings(overrides)
+def prepared(settings, parties: int) -> tuple[list, list, float]:
+    """Every party's upload as the ClientApp prepares it, the server's evidence of each, and the encoding time."""
     t0 = time.perf_counter()
     uploads = [prepare_upload(settings, p, parties) for p in range(parties)]
     t_encode = time.perf_counter() - t0
     evidence = [
         plausibility.examine(p, u.arrays["x"], u.arrays["y"], u.metrics, settings) for p, u in enumerate(uploads)
     ]
+    return uploads, evidence, t_encode
+
+
+def examine_honest(overrides: dict, parties: int) -> dict:
+    settings = load_settings(overrides)
+    t0 = time.perf_counter()
+    uploads, evidence, t_encode = prepared(settings, parties)
     flags = flags_per_check(evidence, uploads, settings)
     spread = [float(np.sqrt(e.energy)) for e in evidence]
     return {
@@ -151,11 +158,7 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
         overrides = {**overrides, "radius": round(median_d, 3)}
     settings = load_settings(overrides)
     t0 = time.perf_counter()
-    uploads = [prepare_upload(settings, p, parties) for p in range(parties)]
-    t_encode = time.perf_counter() - t0
-    evidence = [
-        plausibility.examine(p, u.arrays["x"], u.arrays["y"], u.metrics, settings) for p, u in enumerate(uploads)
-    ]
+    uploads, evidence, t_encode = prepared(settings, parties)
     honest = plausibility.quarantine(evidence, settings)
     flags = flags_per_check(evidence, uploads, settings)
     t_checks = time.perf_counter() - t0 - t_encode
