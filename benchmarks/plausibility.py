@@ -21,6 +21,7 @@ and label skew together.
     .venv/bin/python benchmarks/plausibility.py            # everything (about 45 min on 2 busy cores)
     .venv/bin/python benchmarks/plausibility.py --datasets digits     # one data set; the others' rows are kept
     .venv/bin/python benchmarks/plausibility.py --group heterogeneity --datasets digits,mnist
+    .venv/bin/python benchmarks/plausibility.py --figure    # what feature skew 1 does to parties 0-5's images
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import json
 import time
 
 import numpy as np
-from common import DATA_DIR, RESULTS, write
+from common import DATA_DIR, PROJECT, RESULTS, write
 
 from fedsmix.config import SettingsError, load_settings
 from fedsmix.data import load_dataset
@@ -219,12 +220,37 @@ def count(rows: dict) -> dict:
     return {"honest-party-checks": judged, "honest-parties-quarantined": wrong}
 
 
+def skew_figure(path, strength: float = 1.0, parties: int = 6, images: int = 8) -> None:
+    """The first training images of CIFAR-10 and MNIST as parties 0..parties-1 hold them at `strength` (seed 0):
+    one row per data set and party."""
+    import torch
+    import torchvision
+
+    from fedsmix import data as datalib
+    from fedsmix.acquisition import KINDS, party_acquisition
+
+    rows = []
+    for name in ("cifar10", "mnist"):
+        raw = datalib.load_split(name, "train", DATA_DIR)
+        for party in range(parties):
+            shift = party_acquisition(strength, KINDS, 0, party, tuple(raw.spec.sample_shape))
+            unit = shift(datalib.to_unit(raw.images[:images], raw.spec))
+            rows.append(torch.nn.functional.interpolate(unit.expand(-1, 3, -1, -1), size=(32, 32)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torchvision.utils.save_image(torchvision.utils.make_grid(torch.cat(rows), nrow=images, padding=1), path)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="digits,mnist,cifar10,cifar10-features")
     parser.add_argument("--group", choices=("faults", "heterogeneity"), default="faults")
     parser.add_argument("--quick", action="store_true", help="one setting per data set")
+    parser.add_argument("--figure", action="store_true", help="only draw feature skew at strength 1")
     args = parser.parse_args()
+    if args.figure:
+        skew_figure(PROJECT / "docs" / "results" / "robustness" / "feature-skew-1.png")
+        return
     datasets = args.datasets.split(",")
     name = "plausibility" if args.group == "faults" else "plausibility_heterogeneity"
     path = RESULTS / f"{name}.json"
