@@ -16,7 +16,8 @@ applied in that order to the images in [0, 1] and clipped to [0, 1], before norm
 backbone: a shifted party's images stay images of its kind, so its upload stays inside the data's
 valid range (what the server's `domain` check holds it to). `feature-skew-kinds` picks the shifts.
 Strength 1 is the strongest the benchmarks test: the darkest party's images are faint but readable
-(docs/results/robustness.md shows them); beyond it a party's data would be a different task. The server's test split is not shifted: accuracy is on the population's clean images.
+(docs/results/robustness.md shows them); beyond it a party's data would be a different task. The server's
+test split is not shifted: accuracy is on the population's clean images.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedsmix.acquisition import acquisition
 from fedsmix.config import Settings, dump_settings, settings_from_flower
-from fedsmix.data import describe_dataset
+from fedsmix.data import dataset_spec, describe_dataset
 from fedsmix.device import select_device
 from fedsmix.progress import FILE as PROGRESS_FILE
 from fedsmix.progress import Progress
@@ -60,6 +61,10 @@ def run_strategies(grid: Grid, settings: Settings, run_id: int, run_dir: Path, r
         progress=progress,
     )
     results["dataset"] = dataset
+    if settings.feature_skew > 0:  # each party's acquisition (a simulation fact: fedsmix/acquisition.py)
+        spec = dataset_spec(settings)
+        results["acquisitions"] = {str(p): acquisition(settings, spec, p).describe()
+                                   for p in range(len(list(grid.get_node_ids())))}
     results["device"] = ctx.device
     results["torch-threads"] = torch.get_num_threads()  # the central trainer's CPU threads
     print(

@@ -81,6 +81,8 @@ def test_honest_parties_with_their_own_acquisition_all_pass(runs):
     assert mix["parties-used"] == PARTIES and mix["accuracy"] > 0.5
     spread = {int(p): math.sqrt(float(r["V"])) for p, r in mix["parties"].items()}
     assert spread[1] < min(spread[0], spread[2]) / 2  # the dark party's images differ that much
+    shifts = runs["feature skew"]["acquisitions"]  # each party's acquisition, in results.json
+    assert sorted(shifts) == ["0", "1", "2"] and shifts["1"]["brightness"] < 0.4 and shifts["0"]["rotation"] != 0
 
 
 def test_one_scaled_update_sinks_fedavg_but_not_fedmedian(runs):
