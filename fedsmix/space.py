@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from . import data as datalib
-from .acquisition import acquisition, party_unit
+from .acquisition import party_unit
 from .config import Settings
 
 
@@ -25,12 +25,11 @@ def to_space(settings: Settings, raw: datalib.RawSplit, split: str, rows: np.nda
     """Pixels normalised per `normalisation`, or backbone features when a backbone is configured; `party`:
     its images as its acquisition records them (`feature-skew`; features of shifted images are extracted
     here, not read from the split's cache)."""
-    shifted = acquisition(settings, raw.spec, party) is not None
     if settings.backbone == "none":
         return datalib.normalize(party_unit(settings, raw, rows, party), pixel_spec(settings, raw.spec))
     from .features import extractor_for, features_for
 
-    if shifted:
+    if party is not None and settings.feature_skew > 0:
         return extractor_for(settings)(party_unit(settings, raw, rows, party))
     return features_for(settings, split, rows)
 
