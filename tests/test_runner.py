@@ -246,6 +246,22 @@ def test_the_crossover_is_the_smallest_bound_that_beats_local_only_by_three_poin
     assert "never" in crossovers(rows)[1]
 
 
+def test_a_crossover_over_seeds_says_whether_its_interval_clears_the_margin():
+    """Three seeds, paired: a large mean gain with a wide spread is a claim on the mean only."""
+    from commands.grid.report import crossovers
+
+    def rows(party0: list[float], union: list[float]) -> list[dict]:
+        out = [{"strategy": "local-only", "label": "local-only", "parties": 10, "party0-accuracy": a, "seed": s}
+               for s, a in enumerate(party0)]
+        return out + [{"strategy": "mixup-union", "label": "mixup-union", "parties": 10, "accuracy": a,
+                       "snr-bound-max": 1.0, "seed": s} for s, a in enumerate(union)]
+
+    (wide,) = crossovers(rows([0.40, 0.95, 0.75], [0.95, 0.96, 0.95]))[1:]
+    assert "beats" in wide and "not beyond the seed interval" in wide
+    (tight,) = crossovers(rows([0.60, 0.62, 0.61], [0.95, 0.96, 0.95]))[1:]
+    assert "beyond the seed interval" in tight and "not beyond" not in tight
+
+
 def test_the_cost_table_names_the_candidate_auto_chose(tiny_preset, tmp_path, monkeypatch):
     """A `trainer` axis must not hide what `trainer: auto` picked in each cell."""
     plan = grid_plan.make_plan(str(tiny_preset), axes={"parties": [2], "radius-mode": ["theorem"], "trainer": ["auto"]})

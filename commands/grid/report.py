@@ -195,7 +195,8 @@ def crossovers(rows: list[dict[str, Any]], margin: float = 0.03,
                row_of: Callable[[dict], tuple] | None = None) -> list[str]:
     """Per mixup-union variant and table row (party count, shared axes): the smallest effective bound at which
     its seed mean beats local-only party 0's (same row) by at least `margin`, with the 95 % interval of the
-    accuracy difference paired by seed (both runs of a seed share its partitions). `rows`: one per run; a
+    accuracy difference paired by seed (both runs of a seed share its partitions) and whether that interval's low
+    end clears the margin too (a claim beyond the seed interval). `rows`: one per run; a
     run's `seed` pairs it (absent: one seed), its `table-cell` (else its bound) makes it a point."""
     row_of = row_of or (lambda r: (("parties", r["parties"]),))
     local: dict[tuple, dict[Any, float]] = {}
@@ -229,6 +230,10 @@ def crossovers(rows: list[dict[str, Any]], margin: float = 0.03,
         if beating:
             bound, diff, run = min(beating, key=lambda f: f[0])
             text = f"beats {claim} from smallest effective bound {bound:.3g}{_at(run)}, there by {_points(diff)}"
+            if diff.low is not None and diff.low < margin:
+                text += f"; not beyond the seed interval (its low end {100 * diff.low:+.1f} points)"
+            elif diff.low is not None:
+                text += "; beyond the seed interval"
         else:
             bound, diff, run = max(found, key=lambda f: f[1].mean)
             text = (f"never beats {claim} at any bound of this grid; closest {_points(diff)} at effective bound "
