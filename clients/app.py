@@ -31,7 +31,7 @@ from fedsmix.party import (
     tune_local,
 )
 from fedsmix.progress import Progress
-from fedsmix.space import load_test
+from fedsmix.space import returned_test
 from fedsmix.trainers import test_accuracy
 from fedsmix.training import warm_up
 
@@ -148,13 +148,14 @@ def evaluate(msg: Message, context: Context) -> Message:
 @app.query(wire.PERSONALIZE)
 def personalize_model(msg: Message, context: Context) -> Message:
     """The central model comes back: recalibrate it on this party's own data. The accuracy reported is a
-    simulation measurement (the party's model on the server's test split), not something a party has."""
+    simulation measurement (the party's model on `return-test-rows` of the server's test split, the same rows
+    for every party), not something a party has."""
     settings, party, num_parties = _settings(msg, context)
     device = select_device(settings.device)
     chosen = str(msg.content[wire.CONFIG][wire.TRAINER])
     model = personalize(settings, load_partition(settings, party, num_parties), chosen,
                         msg.content[wire.ARRAYS].to_torch_state_dict(), device)
-    return _reply(msg, {wire.PARTY: party, "accuracy": test_accuracy(model, load_test(settings), device)["accuracy"]})
+    return _reply(msg, {wire.PARTY: party, "accuracy": test_accuracy(model, returned_test(settings), device)["accuracy"]})
 
 
 @app.train(mods=[dp_clipping_mod])

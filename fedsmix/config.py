@@ -168,6 +168,9 @@ class Settings(BaseModel):
     vote_parties: int = Field(10, ge=0, description="parties that score the trainer's candidates; 0 = every party")
     return_parties: int = Field(10, ge=0, description="parties the model goes back to (and that report the "
                                                       "recalibrated model's accuracy); 0 = every party")
+    return_test_rows: int = Field(2000, ge=0, description="test rows a returned model is scored on (a seeded sample, "
+                                                          "the same for every party; a simulation measurement); "
+                                                          "0 = the whole test split")
     # federated baselines
     rounds: int = Field(10, ge=1)
     local_epochs: int = Field(1, ge=1)

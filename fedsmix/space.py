@@ -71,6 +71,17 @@ def load_test(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.from_numpy(labels.astype(np.int64))
 
 
+def returned_test(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of the test split a returned model is scored on: `return-test-rows` of `load_test`'s, drawn from
+    the seed (the same for every party), or all of them."""
+    x, labels = load_test(settings)
+    k = settings.return_test_rows
+    if not k or k >= len(labels):
+        return x, labels
+    rows = np.sort(np.random.RandomState(settings.seed + 1).permutation(len(labels))[:k])
+    return x[rows], labels[rows]
+
+
 def load_train_all(settings: Settings) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole training split in mixing space, as stored (the pooled reference: fedsmix.party.pooled_data)."""
     raw = datalib.load_dataset(settings, "train")

@@ -27,7 +27,7 @@ from fedsmix import tuning
 from fedsmix.faults import interrupt_after
 from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
 from fedsmix.runs import atomic_write_bytes
-from fedsmix.space import mixing_shape, upload_shape
+from fedsmix.space import mixing_shape, returned_test, upload_shape
 from fedsmix.trainers import (
     Selection,
     Union,
@@ -304,7 +304,7 @@ def return_round(ctx: RunContext, selection: Selection, parties: list[int]) -> d
     """query "personalize": the model goes back to `parties` (`return-parties` of them), each recalibrates it on
     its own data.
     Each reports the test accuracy of the model it ends up with (a simulation measurement: the party
-    scores it on the server's test split)."""
+    scores it on `return-test-rows` of the server's test split)."""
     record = ArrayRecord(selection.model.cpu().state_dict())
     config = settings_config(ctx, **{wire.TRAINER: selection.chosen})
     messages = [
@@ -316,7 +316,7 @@ def return_round(ctx: RunContext, selection: Selection, parties: list[int]) -> d
     for reply in ctx.send_and_receive(messages, phase="model return"):
         if not reply.has_error():
             accuracy[int(reply.content[wire.METRICS][wire.PARTY])] = float(reply.content[wire.METRICS]["accuracy"])
-    summary = party_summary(accuracy)
+    summary = {**party_summary(accuracy), "test-rows": len(returned_test(ctx.settings)[1])}
     ctx.progress.emit("returned", parties=len(accuracy), mean=summary["mean"])
     return summary
 

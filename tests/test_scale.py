@@ -274,7 +274,24 @@ def test_the_selection_and_the_return_reach_a_seeded_sample_of_the_parties(data_
     assert len(voters) == 2 and len(back) == 3 and back == sample_parties(range(6), 3, 3, "return")
     assert set(mix["returned"]["per-party-accuracy"]) == {str(p) for p in back}
     assert (mix["returned"]["sampled"], mix["returned"]["of"]) == (3, 6) and mix["selection"]["voters"] == 2
+    assert mix["returned"]["test-rows"] == 360  # digits' whole test split: under return-test-rows' 2,000
     down = mix["bytes-down-per-node"]  # candidates went to the voters only: they received the most bytes
     heaviest = sorted(down, key=down.get)[-2:]
     assert sorted(inprocess.FIRST_NODE_ID + p for p in voters) == sorted(int(n) for n in heaviest)
     assert sample_parties(range(6), 0, 3, "vote") == list(range(6)) == sample_parties(range(6), 9, 3, "vote")
+
+
+def test_a_returned_model_is_scored_on_a_seeded_sample_of_the_test_split():
+    """`return-test-rows`: the same rows for every party (a seeded draw), a subset of the server's test split."""
+    from fedsmix.config import Settings
+    from fedsmix.space import load_test, returned_test
+
+    settings = Settings(dataset="digits", return_test_rows=100, seed=4)
+    x, labels = returned_test(settings)
+    again, _ = returned_test(settings)
+    full, full_labels = load_test(settings)
+    assert len(x) == len(labels) == 100 and torch.equal(x, again)
+    nearest = torch.cdist(x.flatten(1).double(), full.flatten(1).double()).argmin(dim=1)
+    assert torch.equal(full[nearest], x) and torch.equal(full_labels[nearest], labels)  # rows of the test split
+    assert len(returned_test(settings.replace(return_test_rows=0))[1]) == len(full_labels) == 360
+    assert not torch.equal(returned_test(settings.replace(seed=5))[0], x)
