@@ -155,7 +155,8 @@ def personalize_model(msg: Message, context: Context) -> Message:
     chosen = str(msg.content[wire.CONFIG][wire.TRAINER])
     model = personalize(settings, load_partition(settings, party, num_parties), chosen,
                         msg.content[wire.ARRAYS].to_torch_state_dict(), device)
-    return _reply(msg, {wire.PARTY: party, "accuracy": test_accuracy(model, returned_test(settings), device)["accuracy"]})
+    accuracy = test_accuracy(model, returned_test(settings), device)["accuracy"]
+    return _reply(msg, {wire.PARTY: party, "accuracy": accuracy})
 
 
 @app.train(mods=[dp_clipping_mod])

@@ -1,11 +1,12 @@
-"""Leakage metrics: per-image SNR (paper), PSNR/SSIM (torchmetrics), Theorem 4.1's bound.
+"""Leakage metrics: per-image SNR (paper), PSNR/SSIM (torchmetrics), shift-tolerant LPIPS, Theorem 4.1's bound.
 
 SNR is computed in the space the attack works in (normalised pixels or features), as the
-paper reports it. PSNR and SSIM are computed on images mapped back to [0, 1].
+paper reports it. PSNR, SSIM and ST-LPIPS are computed on images mapped back to [0, 1].
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -39,6 +40,33 @@ def ssim(x01: torch.Tensor, x_hat01: torch.Tensor) -> torch.Tensor:
     return values.reshape(-1).float()
 
 
+ST_LPIPS_MIN_SIDE = 28  # AlexNet's stem (11x11, stride 4, then pooling) needs images of at least this side
+
+
+@functools.lru_cache(maxsize=1)
+def _st_lpips_net() -> torch.nn.Module:
+    from stlpips_pytorch import stlpips
+
+    return stlpips.LPIPS(net="alex", variant="shift_tolerant", verbose=False).eval()
+
+
+@torch.no_grad()
+def st_lpips(x01: torch.Tensor, x_hat01: torch.Tensor, batch: int = 256) -> torch.Tensor:
+    """Per-image shift-tolerant LPIPS distance (Ghildyal & Liu 2022, `stlpips-pytorch`: AlexNet with anti-aliased
+    pooling and its own linear weights, both shipped in the wheel, nothing downloaded); 0 for identical images,
+    lower is closer. It is not numerically LPIPS (Zhang et al. 2018, the appendix's metric): a one-pixel shift
+    costs it almost nothing where LPIPS counts it. NaN for images under ST_LPIPS_MIN_SIDE px, or not RGB/grey."""
+    if x01.dim() != 4 or min(x01.shape[-2:]) < ST_LPIPS_MIN_SIDE or x01.shape[1] not in (1, 3):
+        return torch.full((len(x01),), float("nan"))
+    if x01.shape[1] == 1:
+        x01, x_hat01 = x01.expand(-1, 3, -1, -1), x_hat01.expand(-1, 3, -1, -1)
+    net = _st_lpips_net().to(x01.device)
+    return torch.cat([
+        net(x01[s : s + batch].float(), x_hat01[s : s + batch].float(), normalize=True).reshape(-1)
+        for s in range(0, len(x01), batch)
+    ]).float().cpu()
+
+
 @dataclass
 class Score:
     """Mean/std of each metric, and which victim was recovered best (worst case for privacy).
@@ -55,6 +83,8 @@ class Score:
     best_index: int
     best_snr: float
     best_ssim: float | None
+    st_lpips_mean: float | None = None  # shift-tolerant LPIPS distance (lower: closer); None where it does not apply
+    st_lpips_std: float | None = None
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -66,18 +96,18 @@ def score(x: torch.Tensor, x_hat: torch.Tensor, to_unit=None) -> tuple[Score, di
     images = to_unit is not None and x.dim() == 4
     if images:
         a, b = to_unit(x).clamp(0, 1), to_unit(x_hat).clamp(0, 1)
-        p, s = psnr_db(a, b), ssim(a, b)
+        p, s, lp = psnr_db(a, b), ssim(a, b), st_lpips(a, b)
     else:  # per-sample arrays stay aligned (NaN); the summary says "does not apply" (None)
-        p = s = torch.full_like(snr, float("nan"))
+        p = s = lp = torch.full_like(snr, float("nan"))
     best = int(torch.argmax(snr))
     std = (lambda t: float(t.std()) if len(t) > 1 else 0.0)
-    mean = (lambda t: float(t.mean()) if images else None)
-    spread = (lambda t: std(t) if images else None)
+    mean = (lambda t: float(t.mean()) if images and not torch.isnan(t).all() else None)
+    spread = (lambda t: std(t) if images and not torch.isnan(t).all() else None)
     result = Score(
         float(snr.mean()), std(snr), mean(p), spread(p), mean(s), spread(s), best, float(snr[best]),
-        float(s[best]) if images else None,
+        float(s[best]) if images else None, mean(lp), spread(lp),
     )
-    return result, {"snr": snr, "psnr": p, "ssim": s}
+    return result, {"snr": snr, "psnr": p, "ssim": s, "st_lpips": lp}
 
 
 def cycles(perm: np.ndarray) -> list[np.ndarray]:

@@ -217,7 +217,7 @@ def screen_scores(settings: Settings, part: Partition, enc: Encoded, measure: st
 
     ssim: SSIM of the upload and its source as [0, 1] images (the upload clamped to the valid range);
     snr: 10 log10(||x||^2 / ||x - x~||^2) in the mixing space, the upload taken as a guess of its source;
-    lpips: LPIPS distance (AlexNet), which needs torchvision's ImageNet AlexNet weights on disk.
+    lpips: shift-tolerant LPIPS distance (AlexNet; stlpips-pytorch ships its weights), images of 28 px and more.
     """
     measure = measure or settings.screen
     lead = part.x[enc.sources[:, 0]]
@@ -246,24 +246,14 @@ def screen_keep(settings: Settings, part: Partition, enc: Encoded) -> torch.Tens
 
 
 def lpips_distance(a01: torch.Tensor, b01: torch.Tensor) -> torch.Tensor:
-    """Per-image LPIPS (torchmetrics, AlexNet); a clear error when its backbone weights are not on disk."""
-    from torchmetrics.functional.image.lpips import learned_perceptual_image_patch_similarity
+    """Per-image shift-tolerant LPIPS distance (fedsmix.metrics.st_lpips: AlexNet weights shipped with
+    stlpips-pytorch, nothing downloaded); images under its minimum side are refused, naming the key."""
+    from .metrics import ST_LPIPS_MIN_SIDE, st_lpips
 
-    if a01.shape[1] == 1:
-        a01, b01 = a01.expand(-1, 3, -1, -1), b01.expand(-1, 3, -1, -1)
-    try:
-        return torch.cat([
-            learned_perceptual_image_patch_similarity(
-                a01[s : s + 256].float(), b01[s : s + 256].float(), net_type="alex", reduction="none", normalize=True
-            ).reshape(-1)
-            for s in range(0, len(a01), 256)
-        ])
-    except (OSError, RuntimeError, ValueError) as err:  # torchvision tries to download the weights
-        raise ValueError(
-            f"screen 'lpips': LPIPS needs torchvision's ImageNet AlexNet weights in the torch hub cache "
-            f"(~/.cache/torch/hub/checkpoints), which this machine cannot download ({type(err).__name__}); "
-            f"use screen = 'ssim' or 'snr'"
-        ) from None
+    if min(a01.shape[-2:]) < ST_LPIPS_MIN_SIDE:
+        raise ValueError(f"screen 'lpips': ST-LPIPS needs images of at least {ST_LPIPS_MIN_SIDE} px, these are "
+                         f"{tuple(a01.shape[-2:])}; use screen = 'ssim' or 'snr'")
+    return st_lpips(a01, b01)
 
 
 def upload_inputs(x: torch.Tensor, dtype: str) -> np.ndarray:

@@ -11,7 +11,7 @@ import torch
 from fedsmix import data as datalib
 from fedsmix.config import load_settings
 from fedsmix.encoders import calibrate, data_statistics, encode, singularized_mixup
-from fedsmix.metrics import psnr_db, score, snr_db, ssim, theorem41_T
+from fedsmix.metrics import psnr_db, score, snr_db, ssim, st_lpips, theorem41_T
 from fedsmix.party import Partition, encode_partition, encoder_params
 from fedsmix.seeding import generator
 from fedsmix.space import load_public_pool
@@ -117,6 +117,24 @@ def test_snr_psnr_ssim_match_hand_computed_values():
     result, per_image = score(x, x_hat)
     assert per_image["snr"].tolist() == pytest.approx([0.0, 10 * math.log10(4), 0.0], abs=1e-5)
     assert result.best_index == 1 and result.snr_mean == pytest.approx(10 * math.log10(4) / 3, abs=1e-5)
+
+
+def test_st_lpips_orders_real_images_and_forgives_a_one_pixel_shift(data_dir):
+    """Shift-tolerant LPIPS (offline weights): 0 for the image itself, a one-pixel shift far closer than noise,
+    noise closer than another image, a flat grey image the farthest; NaN where AlexNet's stem cannot run."""
+    raw = datalib.load_split("cifar10", "test", data_dir)
+    x = datalib.to_unit(raw.images[:12], raw.spec)
+    noisy = (x + 0.1 * torch.randn(x.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    same, shifted = st_lpips(x, x), st_lpips(x, x.roll(1, dims=-1))
+    noise, other, grey = st_lpips(x, noisy), st_lpips(x, x.roll(1, dims=0)), st_lpips(x, torch.full_like(x, 0.5))
+    assert same.abs().max() < 1e-6 and len(same) == 12
+    assert shifted.mean() < 0.25 * noise.mean() and noise.mean() < other.mean() < grey.mean()
+    assert torch.isnan(st_lpips(torch.rand(2, 1, 8, 8), torch.rand(2, 1, 8, 8))).all()  # digits' 8 px
+    result, per_image = score(x, noisy, to_unit=lambda t: t)  # images: the score carries it, and its gain
+    assert result.st_lpips_mean == pytest.approx(float(noise.mean()), rel=1e-5)
+    report, _ = leakage(x, {"noisy": noisy}, torch.full_like(x[0], 0.5), to_unit=lambda t: t)
+    assert report["attacks"]["noisy"]["gain"]["st_lpips"] == pytest.approx(float(grey.mean() - noise.mean()), rel=1e-4)
+    assert score(x.flatten(1), noisy.flatten(1))[0].st_lpips_mean is None  # feature vectors: does not apply
 
 
 def test_gain_over_the_trivial_guess_is_the_difference_in_db():

@@ -96,6 +96,9 @@ def test_screen_discards_encodings_too_similar_to_their_source(data_dir, one_thr
     assert bool((screen_scores(screened, part, enc, "ssim") < threshold).all())
     upload = prepare_upload(screened, 0, 1)  # the party reports what it discarded
     assert upload.metrics["screened-fraction"] == pytest.approx(1 - len(enc) / len(part.x))
+    lpips = screen_scores(base, part, full, "lpips")  # ST-LPIPS distance: the screen keeps the far ones
+    far = base.replace(screen="lpips", screen_threshold=float(lpips.quantile(0.2)))
+    assert len(encode_partition(far, part)[0]) == int((lpips >= far.screen_threshold).sum())
     snr = screen_scores(base, part, full, "snr")  # the upload taken as a guess of its source
     flat, up = part.x.reshape(len(part.x), -1).double(), full.x.reshape(len(full), -1).double()
     expect = 10 * torch.log10(flat.pow(2).sum(1) / (flat - up).pow(2).sum(1))

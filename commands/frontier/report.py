@@ -22,9 +22,12 @@ SCORES = (
     "gain_psnr_db",
     "gain_ssim",
     "best_ssim",
+    "st_lpips",
+    "gain_st_lpips",
     "trivial_snr_db",
     "trivial_psnr_db",
     "trivial_ssim",
+    "trivial_st_lpips",
     "party_mean_snr_db",
     "gain_vs_party_mean_db",
 )
@@ -47,9 +50,12 @@ COLUMNS = (
     "gain_psnr_db",
     "gain_ssim",
     "best_ssim",
+    "st_lpips",
+    "gain_st_lpips",
     "trivial_snr_db",
     "trivial_psnr_db",
     "trivial_ssim",
+    "trivial_st_lpips",
     "party_mean_snr_db",
     "gain_vs_party_mean_db",
     "bytes_up_per_party",
@@ -139,12 +145,16 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
         "accountants, at the run's delta). Time x: the row's local training time (mean party, all rounds) over "
         "undefended FedAvg's in the same run. Space: where the row's data is pooled and its leakage scored, "
         "pixels or a public backbone's features (frontier.features); gains in different spaces are different units, "
-        "and a row is only ever dominated by rows of its own space.",
+        "and a row is only ever dominated by rows of its own space. ST-LPIPS: shift-tolerant LPIPS distance "
+        "(AlexNet, stlpips-pytorch; lower is closer; not numerically LPIPS), its gain = the guess's minus the "
+        "attack's (positive: the attack came perceptually closer); images of 28 px and more.",
         "",
         "| strategy | space | test acc % | tau | upload k | MixCon | prune p | batch mix | DP-FedAvg eps | DP-SGD eps "
         "| strongest attack | SNR dB | PSNR dB | SSIM | gain SNR dB | gain PSNR dB | gain SSIM "
-        "| best-image SSIM | gain vs party mean dB | bytes up/party | wall s | time x | dominated by |",
-        "|---|---|---:|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| best-image SSIM | ST-LPIPS | gain ST-LPIPS | gain vs party mean dB | bytes up/party | wall s | time x "
+        "| dominated by |",
+        "|---|---|---:|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---:|---:|---|",
     ]
     for r in records:
         attack = r["attack"] + (f" (B={r['batch_size']}, S={r['local_steps']})" if r.get("batch_size") else "")
@@ -153,7 +163,8 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
             f"| {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} {_privacy(r)}| {attack} "
             f"| {_f(r['snr_db'], '.2f')} | {_f(r['psnr_db'], '.2f')} | {_f(r['ssim'], '.3f')} "
             f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['gain_ssim'], '+.3f')} "
-            f"| {_f(r['best_ssim'], '.3f')} | {_f(r['gain_vs_party_mean_db'], '+.2f')} "
+            f"| {_f(r['best_ssim'], '.3f')} | {_f(r.get('st_lpips'), '.3f')} | {_f(r.get('gain_st_lpips'), '+.3f')} "
+            f"| {_f(r['gain_vs_party_mean_db'], '+.2f')} "
             f"| {r['bytes_up_per_party']:,.0f} | {_f(r['wall_seconds'], '.1f')} | {_f(r.get('time_overhead'), '.2f')} "
             f"| {r['dominated_by'] or '-'} |"
         )
@@ -201,7 +212,7 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
 
 #: the columns a frontier over seeds reports as mean ± 95 % interval: accuracy, leakage, cost
 SEED_COLUMNS = ("accuracy", "snr_db", "ssim", "gain_snr_db", "gain_psnr_db", "gain_ssim", "best_ssim",
-                "gain_vs_party_mean_db", "bytes_up_per_party", "wall_seconds")
+                "gain_st_lpips", "gain_vs_party_mean_db", "bytes_up_per_party", "wall_seconds")
 LEVEL = 0.95
 
 
@@ -259,16 +270,17 @@ def seeds_markdown(records: list[dict], summaries: list[dict]) -> str:
         "party's own update with its labels known. Dominated by: on the seed means, within a space.",
         "",
         "| strategy | space | n | test acc % | strongest attack (per seed) | SNR dB | SSIM | gain SNR dB "
-        "| gain PSNR dB | gain SSIM | best-image SSIM | gain vs party mean dB | bytes up/party | wall s "
-        "| dominated by |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| gain PSNR dB | gain SSIM | best-image SSIM | gain ST-LPIPS | gain vs party mean dB | bytes up/party "
+        "| wall s | dominated by |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in records:
         lines.append(
             f"| {r['strategy']} | {r['space']} | {r['n']} | {cell(r, 'accuracy', '.2f', 100)} | {r['attack']} "
             f"| {cell(r, 'snr_db', '.2f')} | {cell(r, 'ssim', '.3f')} | {cell(r, 'gain_snr_db', '+.2f')} "
             f"| {cell(r, 'gain_psnr_db', '+.2f')} | {cell(r, 'gain_ssim', '+.3f')} | {cell(r, 'best_ssim', '.3f')} "
-            f"| {cell(r, 'gain_vs_party_mean_db', '+.2f')} | {cell(r, 'bytes_up_per_party', ',.0f')} "
+            f"| {cell(r, 'gain_st_lpips', '+.3f')} | {cell(r, 'gain_vs_party_mean_db', '+.2f')} "
+            f"| {cell(r, 'bytes_up_per_party', ',.0f')} "
             f"| {cell(r, 'wall_seconds', '.1f')} | {r['dominated_by'] or '-'} |"
         )
     return "\n".join(lines) + "\n"

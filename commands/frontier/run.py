@@ -151,7 +151,8 @@ def scored(name: str, summary: dict, per_image: dict, vict: Victims, seconds: fl
     trivial = summary["trivial"]
     if name == TRIVIAL:
         zero = (lambda metric: None if trivial[metric] is None else 0.0)
-        a, g = trivial, {"snr_db": 0.0, "psnr_db": zero("psnr_mean"), "ssim": zero("ssim_mean")}
+        a, g = trivial, {"snr_db": 0.0, "psnr_db": zero("psnr_mean"), "ssim": zero("ssim_mean"),
+                         "st_lpips": zero("st_lpips_mean")}
         ssim = per_image["trivial"]["ssim"]
     else:
         entry = summary["attacks"][name]
@@ -161,6 +162,8 @@ def scored(name: str, summary: dict, per_image: dict, vict: Victims, seconds: fl
         "trivial_snr_db": trivial["snr_mean"], "trivial_psnr_db": trivial["psnr_mean"],
         "trivial_ssim": trivial["ssim_mean"], "gain_snr_db": g["snr_db"], "gain_psnr_db": g["psnr_db"],
         "gain_ssim": g["ssim"], "best_ssim": float(ssim.max()) if not torch.isnan(ssim).all() else float("nan"),
+        "st_lpips": a.get("st_lpips_mean"), "trivial_st_lpips": trivial.get("st_lpips_mean"),
+        "gain_st_lpips": g.get("st_lpips"),
         "party_mean_snr_db": party_mean, "gain_vs_party_mean_db": a["snr_mean"] - party_mean,
         "attack_seconds": seconds, **info,
     }

@@ -29,13 +29,15 @@ def trivial_guess(public_mean: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def gain(attack: Score, blind: Score) -> dict[str, float | None]:
-    """What the upload taught the attacker: dB over the trivial guess for SNR/PSNR, difference for SSIM
-    (None where a metric does not apply: PSNR/SSIM for feature vectors)."""
+    """What the upload taught the attacker: dB over the trivial guess for SNR/PSNR, difference for SSIM, and how
+    much closer than the guess it came in ST-LPIPS distance (guess minus attack: positive is leakage). None where a
+    metric does not apply (PSNR/SSIM/ST-LPIPS for feature vectors, ST-LPIPS under 28 px)."""
     diff = (lambda a, b: None if a is None or b is None else a - b)
     return {
         "snr_db": attack.snr_mean - blind.snr_mean,
         "psnr_db": diff(attack.psnr_mean, blind.psnr_mean),
         "ssim": diff(attack.ssim_mean, blind.ssim_mean),
+        "st_lpips": diff(blind.st_lpips_mean, attack.st_lpips_mean),
     }
 
 

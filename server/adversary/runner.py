@@ -130,15 +130,15 @@ def mixing_space(s) -> str:
 
 SUMMARY_COLUMNS = [
     ("attack", "attack"), ("snr", "SNR dB"), ("psnr", "PSNR dB"), ("ssim", "SSIM"), ("best", "best SNR"),
-    ("trivial", "trivial SNR"), ("gain", "gain SNR"), ("gain_psnr", "gain PSNR"), ("gain_ssim", "gain SSIM"),
-    ("t41", "Thm 4.1 r²T / error (median)"),
+    ("st_lpips", "ST-LPIPS"), ("trivial", "trivial SNR"), ("gain", "gain SNR"), ("gain_psnr", "gain PSNR"),
+    ("gain_ssim", "gain SSIM"), ("gain_st_lpips", "gain ST-LPIPS"), ("t41", "Thm 4.1 r²T / error (median)"),
 ]
 
 
 def summary_rows(summary: dict) -> list[dict]:
     rows = []
     trivial = summary.get("trivial")
-    na = (lambda value, text: "n/a" if value is None else text)  # PSNR/SSIM of feature vectors
+    na = (lambda value, text: "n/a" if value is None else text)  # PSNR/SSIM/ST-LPIPS of feature vectors
     for name, entry in summary["attacks"].items():
         sc, gain = entry["score"], entry.get("gain", {})
         t41 = summary.get("theorem41", {}).get(name)
@@ -152,6 +152,8 @@ def summary_rows(summary: dict) -> list[dict]:
             "gain": signed(gain.get("snr_db")),
             "gain_psnr": na(sc["psnr_mean"], signed(gain.get("psnr_db"))),
             "gain_ssim": na(sc["ssim_mean"], signed(gain.get("ssim"), 3)),
+            "st_lpips": na(sc.get("st_lpips_mean"), pm(sc.get("st_lpips_mean"), sc.get("st_lpips_std"), 3)),
+            "gain_st_lpips": na(sc.get("st_lpips_mean"), signed(gain.get("st_lpips"), 3)),
             "t41": "-" if t41 is None else f"{t41['bound-median']:.3g} / {t41['error-median']:.3g}",
         })
     return rows
