@@ -37,6 +37,7 @@ def test_image_requirements_drop_ray_and_can_swap_torch():
     swapped = requirements(REPO / "pyproject.toml", "torch==2.13.0+cpu torchvision==0.28.0")
     assert [r for r in swapped if r.startswith("torch")] == [
         "torchmetrics>=1.4",
+        "torchsummary==1.5.1",
         "torch==2.13.0+cpu",
         "torchvision==0.28.0",
     ]
