@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from .config import Settings
+from .config import INSTAHIDE, Settings
 from .defences import active
 
 
@@ -167,6 +167,22 @@ def new_classifier(settings: Settings, sample_shape: tuple[int, ...], num_classe
         if defence.model is not None:
             model = defence.model(settings, model)
     return model
+
+
+class Absolute(nn.Module):
+    """|x| as a fixed first layer. InstaHide's sign mask is uniform and independent of the image, so |x~| keeps
+    everything a masked input says about its image: a model behind this layer need not learn sign invariance
+    (measured: docs/results/defences.md, InstaHide at its own protocol). Clean inputs go through it alike."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.abs()
+
+
+def union_classifier(settings: Settings, sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The model mixup-union's trainer fits on the union: the run's classifier, behind the |x| layer when the
+    uploads are sign-masked (the InstaHide encoders). The parties rebuild the same to score and recalibrate it."""
+    model = new_classifier(settings, sample_shape, num_classes)
+    return nn.Sequential(Absolute(), model) if settings.encoder in INSTAHIDE else model
 
 
 SPLIT_MODEL_FILE = "mixcon-split.pt"  # encoder=mixcon: <run dir>/models/<this>, the FedAvg-trained split model

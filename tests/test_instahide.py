@@ -127,3 +127,32 @@ def test_encoder_refuses_an_unreachable_private_mass(cifar):
     x, y, _ = cifar
     with pytest.raises(ValueError, match="private-mass-min"):
         instahide(x, y, 4, 0.65, gen(), public=x[:50], private_min=1.0)
+
+
+def test_a_sign_masked_union_trains_a_sign_invariant_model(data_dir, runs_dir, one_thread):
+    """mixup-union on InstaHide uploads: the central model reads |x| (the parties rebuild the same model to score
+    the candidates and recalibrate the chosen one), so flipping the signs of an input changes none of its outputs;
+    on singularized uploads the model is the run's classifier, unwrapped."""
+    from pathlib import Path
+
+    from commands import inprocess
+    from fedsmix.models import Absolute, union_classifier
+
+    overrides = {"preset": "configs/quickstart.yaml", "data-dir": data_dir, "runs-dir": runs_dir, "epochs": 3,
+                 "strategies": "mixup-union", "encoder": "instahide-inside", "trainer": "auto",
+                 "head-penalties": "1", "tuning-budget": 3, "seed": 1}
+    results = inprocess.run(overrides, 3)
+    mix = results["strategies"]["mixup-union"]
+    assert "mlp" in mix["tried"] and set(mix["returned"]["per-party-accuracy"]) == {"0", "1", "2"}
+    settings = load_settings(overrides)
+    model = union_classifier(settings, (1, 8, 8), 10)
+    assert isinstance(model[0], Absolute)
+    model.load_state_dict(torch.load(Path(results["run-dir"]) / "models" / "mixup-union.pt", weights_only=True)
+                          if mix["trainer"] == "mlp" else model.state_dict())
+    model.eval()
+    x = torch.randn(64, 1, 8, 8, generator=gen(5))
+    signs = torch.randint(0, 2, x.shape, generator=gen(6)).mul(2).sub(1).float()
+    with torch.no_grad():
+        assert torch.equal(model(x), model(signs * x))
+    assert not isinstance(union_classifier(settings.replace(encoder="singularized"), (1, 8, 8), 10),
+                          torch.nn.Sequential)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..config import Settings
-from ..models import new_classifier
+from ..models import new_classifier, union_classifier
 from ..seeding import generator
 from ..training import TrainConfig, TrainReport, train, train_config
 from .base import Job, Trainer
@@ -30,9 +30,11 @@ def train_classifier(
     checkpoint_path=None,
     checkpoint_key: str = "",
     on_epoch: Callable[[torch.nn.Module, int, float], None] | None = None,
+    build: Callable[[Settings, tuple[int, ...], int], torch.nn.Module] = new_classifier,
 ) -> tuple[torch.nn.Module, TrainReport]:
-    """The paper's head trained on (x, soft labels). `on_epoch(model, epoch, loss)` sees the model after each epoch."""
-    model = new_classifier(settings, sample_shape, num_classes)
+    """The paper's head trained on (x, soft labels). `on_epoch(model, epoch, loss)` sees the model after each epoch;
+    `build` makes the untrained model (mixup-union: `union_classifier`)."""
+    model = build(settings, sample_shape, num_classes)
     torch.manual_seed(settings.seed + 1)  # dropout stream
     report = train(
         model,
@@ -81,7 +83,7 @@ def _trained(job: Job) -> tuple[nn.Module, dict]:
         if settings.robust_training == "trim":
             cfg = dataclasses.replace(cfg, trim=settings.robust_trim)
         model, report = train_classifier(settings, job.union.x, job.union.y, job.sample_shape, job.num_classes,
-                                         job.device, cfg=cfg, **job.train_options)
+                                         job.device, cfg=cfg, build=union_classifier, **job.train_options)
         return model, {"epochs": report.epochs_run, "seconds": report.seconds, "losses": report.losses,
                        "resumed-from": report.resumed_from}
 
@@ -97,6 +99,6 @@ def _fit_recalibrated(job: Job, names: list[str]) -> dict[str, tuple[nn.Module, 
 
 
 MLP = Trainer(candidates=lambda settings: ["mlp"], fit=lambda job, names: {"mlp": _trained(job)},
-              build=new_classifier)
-MLP_RECAL = Trainer(candidates=lambda settings: ["mlp-recal"], fit=_fit_recalibrated, build=new_classifier,
+              build=union_classifier)
+MLP_RECAL = Trainer(candidates=lambda settings: ["mlp-recal"], fit=_fit_recalibrated, build=union_classifier,
                     needs_public=True)
