@@ -122,6 +122,7 @@ def test_attack_command_writes_the_sweep_tables_and_figures(tmp_path, data_dir):
     assert {"digits-linear.png", "digits-mmse.png", "digits-unet.png"} <= names
     rows = list(csv.DictReader(open(tmp_path / "digits-sweep.csv")))
     assert [float(r["tau"]) for r in rows] == [1.0, 0.1, 0.01]
+    assert "| gain ST-LPIPS" not in (tmp_path / "digits-sweep.md").read_text()  # 8 px: the metric does not apply
     for row in rows:
         gain = float(row["linear_snr_mean"]) - float(row["trivial_snr_mean"])
         assert float(row["linear_gain_snr_db"]) == pytest.approx(gain, abs=1e-4)

@@ -288,6 +288,9 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
     if "unet" in names:
         columns += [("paper_unet", "paper U-Net"), ("unet", "U-Net")]
     columns += [("trivial", "trivial guess")] + [(f"gain_{n}", f"gain {n}") for n in names]
+    if pixels and any(e.get("gain", {}).get("st_lpips") is not None
+                      for rec in result["taus"] for e in rec["attacks"].values()):
+        columns += [(f"lpips_{n}", f"gain ST-LPIPS {n}") for n in names]
     if "linear" in names:
         columns += [("t41", "Thm 4.1: r²T / linear error (median)")]
     rows = []
@@ -303,6 +306,7 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
         for name, entry in rec["attacks"].items():
             row[name] = pm(entry["score"]["snr_mean"], entry["score"]["snr_std"])
             row[f"gain_{name}"] = signed(entry.get("gain", {}).get("snr_db"))
+            row[f"lpips_{name}"] = signed(entry.get("gain", {}).get("st_lpips"), 3)
         if "linear" in rec["theorem41"]:
             t41 = rec["theorem41"]["linear"]
             row["t41"] = f"{t41['bound-median']:.3g} / {t41['error-median']:.3g}"
@@ -319,7 +323,9 @@ def write_sweep_tables(out_dir: Path, result: dict) -> list[str]:
     setting = f" [{result['variant']}]" if result.get("variant", "default") != "default" else ""
     if space == "pixels":
         title = (f"## {result['dataset']}{setting}: {where}, SNR dB (mean ± std); "
-                 "gains over the trivial guess (public mean image) in dB\n\n")
+                 "gains over the trivial guess (public mean image) in dB; ST-LPIPS gain: that guess's "
+                 "shift-tolerant LPIPS distance minus the attack's (28 px and more; the mean image is a weak blind "
+                 "guess for this metric, docs/attacks.md)\n\n")
     else:
         title = (f"## {result['dataset']}{setting} in {space}, radius mode {result['radius-mode']}: {where}, SNR dB in "
                  "feature space (mean ± std); gains over the trivial guess (public mean feature) in dB; PSNR/SSIM n/a "
