@@ -36,18 +36,11 @@ from torch import nn
 from fedsmix import data as datalib
 from fedsmix.defences import mix_batch
 from fedsmix.encoders.instahide import instahide
-from fedsmix.models import build_classifier
+from fedsmix.models import Absolute, build_classifier
 from fedsmix.seeding import generator
 from fedsmix.training import TrainConfig, evaluate, train
 
 VARIANTS = ("clean", "upload-once", "per-epoch", "per-epoch-abs", "upload-once-abs")
-
-
-class Absolute(nn.Module):
-    """|x|: what a sign-masked encoding keeps of the image, as the model's first layer."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.abs()
 
 
 def model_for(kind: str, shape: tuple[int, ...], num_classes: int, absolute: bool, seed: int) -> nn.Module:

@@ -27,7 +27,7 @@ from fedsmix import tuning
 from fedsmix.faults import interrupt_after
 from fedsmix.models import SPLIT_MODEL_FILE, new_classifier, represent
 from fedsmix.runs import atomic_write_bytes
-from fedsmix.space import mixing_shape, returned_test, upload_shape
+from fedsmix.space import mixing_shape, upload_shape
 from fedsmix.trainers import (
     Selection,
     Union,
@@ -316,7 +316,8 @@ def return_round(ctx: RunContext, selection: Selection, parties: list[int]) -> d
     for reply in ctx.send_and_receive(messages, phase="model return"):
         if not reply.has_error():
             accuracy[int(reply.content[wire.METRICS][wire.PARTY])] = float(reply.content[wire.METRICS]["accuracy"])
-    summary = {**party_summary(accuracy), "test-rows": len(returned_test(ctx.settings)[1])}
+    rows, available = ctx.settings.return_test_rows, len(ctx.test_set()[1])  # what `returned_test` samples
+    summary = {**party_summary(accuracy), "test-rows": min(rows, available) if rows else available}
     ctx.progress.emit("returned", parties=len(accuracy), mean=summary["mean"])
     return summary
 
