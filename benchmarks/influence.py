@@ -14,8 +14,9 @@ clean validation split loaded as it keeps it (fedsmix.party.load_partition(..., 
    give it): the share of a party's rows whose class mean is nearest to another class's mean.
 
 Settings: digits at tau 1 and CIFAR-10 EfficientNet-Lite0 features (64 px, 20,000 images) at tau 1e-3, Dirichlet
-0.5, 10 parties; clean, party 3 honest but different (feature skew 1), party 3 dishonest (label-target 1,
-label-flip). Results in benchmarks/results/influence.json; about 4 min on 2 cores with the feature cache warm.
+0.5, 10 parties; clean, every party honest under its own acquisition (feature skew 1; party 3 the darkest),
+party 3 dishonest (label-target 1, label-flip).
+Results in benchmarks/results/influence.json; about 4 min on 2 cores with the feature cache warm.
 
     .venv/bin/python benchmarks/influence.py
 """
