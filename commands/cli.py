@@ -134,7 +134,7 @@ def cmd_features(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import attack, grid, invert, mixcon
+    from . import attack, bound, grid, invert, mixcon
     from .frontier import command as frontier
 
     parser = argparse.ArgumentParser(prog="fedsmix", description=__doc__)
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     feats.add_argument("--preset", default="")
     feats.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     feats.set_defaults(func=cmd_features)
-    for module in (grid, attack, frontier, mixcon, invert):
+    for module in (grid, attack, frontier, mixcon, invert, bound):
         module.register(sub)
     args = parser.parse_args(argv)
     from fedsmix.data import DatasetUnavailable
