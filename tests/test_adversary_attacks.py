@@ -137,6 +137,31 @@ def test_st_lpips_orders_real_images_and_forgives_a_one_pixel_shift(data_dir):
     assert score(x.flatten(1), noisy.flatten(1))[0].st_lpips_mean is None  # feature vectors: does not apply
 
 
+def test_the_st_lpips_blind_guess_is_the_best_public_image_not_the_mean(data_dir):
+    """A blurred mean image is far from every natural image in ST-LPIPS, so the gain in that metric is measured from
+    a public image chosen among the public ones (their ST-LPIPS medoid, no victim seen): it is closer to the victims
+    than the mean, the report names it, and the squared-error metrics keep the mean guess."""
+    from server.adversary.analysis import Blind, st_lpips_medoid
+
+    victims = datalib.to_unit(datalib.load_split("cifar10", "test", data_dir).images[:24],
+                              datalib.load_split("cifar10", "test", data_dir).spec)
+    public_raw = datalib.load_split("tiny-imagenet", "train", data_dir)
+    public = datalib.to_unit(public_raw.images[:32], public_raw.spec)
+    blind = Blind.of(public, to_unit=lambda t: t, pool=32)
+    assert blind.perceptual is not None and any(torch.equal(blind.perceptual, p) for p in public)
+    noisy = (victims + 0.1 * torch.randn(victims.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    mean_only, _ = leakage(victims, {"noisy": noisy}, blind.mean, to_unit=lambda t: t)
+    both, _ = leakage(victims, {"noisy": noisy}, blind, to_unit=lambda t: t)
+    assert both["trivial"]["st_lpips_mean"] < mean_only["trivial"]["st_lpips_mean"] - 0.1
+    assert both["trivial"]["st_lpips_guess"] == "public medoid (ST-LPIPS)"
+    assert mean_only["trivial"]["st_lpips_guess"] == "public mean"
+    assert both["trivial"]["snr_mean"] == mean_only["trivial"]["snr_mean"]  # SNR's best blind guess is the mean
+    gain = both["attacks"]["noisy"]["gain"]["st_lpips"]
+    assert gain == pytest.approx(both["trivial"]["st_lpips_mean"] - both["attacks"]["noisy"]["score"]["st_lpips_mean"])
+    assert st_lpips_medoid(public.flatten(1), to_unit=None) is None  # feature vectors: no perceptual guess
+    assert st_lpips_medoid(public[:, :, :8, :8], to_unit=lambda t: t) is None  # under 28 px
+
+
 def test_gain_over_the_trivial_guess_is_the_difference_in_db():
     x = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
     public_mean = torch.tensor([1.0, 1.0])  # error 2 for both: SNR 10 log10(4/2)

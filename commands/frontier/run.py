@@ -30,7 +30,7 @@ from fedsmix.models import load_split_model
 from fedsmix.party import Partition, encode_partition, load_partition
 from fedsmix.registry import STRATEGIES
 from fedsmix.runs import atomic_write_json, new_run_dir
-from server.adversary.analysis import Outcome, attack_cases, leakage
+from server.adversary.analysis import Blind, Outcome, attack_cases, leakage
 from server.adversary.cases import Case, public_samples, threat_model, update_case, upload_case
 from server.adversary.registry import applicable, build_attacks
 
@@ -66,6 +66,7 @@ class Space:
     vict: Victims
     public: torch.Tensor
     prior: torch.Tensor
+    blind: Blind  # the blind guesses the gains are measured from (the mean sample; a perceptual one for ST-LPIPS)
 
 
 def spaces(base: Settings, rows: list[Row], row_settings: list[Settings], plan: FrontierPlan) -> dict[str, Space]:
@@ -74,7 +75,7 @@ def spaces(base: Settings, rows: list[Row], row_settings: list[Settings], plan: 
     for space, settings in [("pixels", base)] + [(r.space, s) for r, s in zip(rows, row_settings) if r.features][:1]:
         vict = victims(settings, plan.victim_party, plan.parties, base.attack_victims)
         public = public_samples(settings, vict.part.spec)
-        out[space] = Space(vict, public, public.mean(dim=0))
+        out[space] = Space(vict, public, public.mean(dim=0), Blind.of(public, to_unit_for(settings, vict)))
     return out
 
 
@@ -163,20 +164,21 @@ def scored(name: str, summary: dict, per_image: dict, vict: Victims, seconds: fl
         "trivial_ssim": trivial["ssim_mean"], "gain_snr_db": g["snr_db"], "gain_psnr_db": g["psnr_db"],
         "gain_ssim": g["ssim"], "best_ssim": float(ssim.max()) if not torch.isnan(ssim).all() else float("nan"),
         "st_lpips": a.get("st_lpips_mean"), "trivial_st_lpips": trivial.get("st_lpips_mean"),
+        "trivial_st_lpips_guess": trivial.get("st_lpips_guess"),
         "gain_st_lpips": g.get("st_lpips"),
         "party_mean_snr_db": party_mean, "gain_vs_party_mean_db": a["snr_mean"] - party_mean,
         "attack_seconds": seconds, **info,
     }
 
 
-def row_leakage(outcome: Outcome | None, vict: Victims, prior: torch.Tensor, to_unit, info: dict):
+def row_leakage(outcome: Outcome | None, vict: Victims, blind: Blind, to_unit, info: dict):
     """(strongest record, its estimate), and every record: the trivial guess is the floor."""
     if outcome is None or not len(outcome.truth):
-        summary, per_image = leakage(vict.x, {}, prior, to_unit)
+        summary, per_image = leakage(vict.x, {}, blind, to_unit)
         estimates, seconds = {}, {}
     else:
         summary, per_image, estimates, seconds = outcome.summary, outcome.per_image, outcome.estimates, outcome.seconds
-    trivial = prior.unsqueeze(0).expand_as(vict.x).clone()
+    trivial = blind.mean.unsqueeze(0).expand_as(vict.x).clone()
     records = [(scored(TRIVIAL, summary, per_image, vict, 0.0), trivial)]
     for name, estimate in estimates.items():
         records.append((scored(name, summary, per_image, vict, seconds.get(name, 0.0), **info), estimate))
@@ -184,7 +186,7 @@ def row_leakage(outcome: Outcome | None, vict: Victims, prior: torch.Tensor, to_
     return (best, x_hat), [r for r, _ in records]
 
 
-def attack_row(row: Row, settings: Settings, cases: list[Case], public: torch.Tensor, prior: torch.Tensor, to_unit,
+def attack_row(row: Row, settings: Settings, cases: list[Case], public: torch.Tensor, blind: Blind, to_unit,
                plan: FrontierPlan, cache: dict, names: list[str] | None = None) -> Outcome | None:
     names = names if names is not None else [name for name in applicable(row.target) if name in plan.attacks]
     if not cases or not names:
@@ -199,7 +201,7 @@ def attack_row(row: Row, settings: Settings, cases: list[Case], public: torch.Te
         inversion_steps=plan.inversion_steps, inversion_lr=plan.inversion_lr, inversion_tv=plan.inversion_tv,
         decoder_epochs=plan.decoder_epochs,
     )
-    outcome = attack_cases(cases, attacks, prior, to_unit)
+    outcome = attack_cases(cases, attacks, blind, to_unit)
     outcome.skipped.update(skipped)
     if outcome.errors:
         raise RuntimeError(f"frontier row {row.name}: attacks failed: {outcome.errors}")
@@ -220,7 +222,7 @@ def reencoding(rows: list[Row], row_settings: list[Settings], runs: list[dict], 
         attacks, _ = build_attacks(["averaging"], settings, None)
         for T in plan.reencoding:
             cases = row_cases(row, settings, run, vict, prior, plan, encodings_per_sample=T)
-            outcome = attack_cases(cases, attacks, prior, to_unit)
+            outcome = attack_cases(cases, attacks, where[row.space].blind, to_unit)
             record = scored("averaging", outcome.summary, outcome.per_image, vict, outcome.seconds["averaging"])
             out.append({"strategy": row.name, "space": row.space, "encodings_per_sample": T, **record})
     return out
@@ -260,7 +262,7 @@ def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dic
     and batch size (every batch starts with the same victims)."""
     out, panels = [], {}
     names = [n for n in ("gradient", "gradient-realistic") if n in plan.attacks]
-    vict, public, prior = where["pixels"].vict, where["pixels"].public, where["pixels"].prior
+    vict, public, blind = where["pixels"].vict, where["pixels"].public, where["pixels"].blind
     for row, settings, run in zip(rows, row_settings, runs):
         if row.strategy not in ("fedavg", "fedprox") or row.features or run.get("error"):
             continue
@@ -272,7 +274,7 @@ def gradient_study(rows: list[Row], row_settings: list[Settings], runs: list[dic
             except ValueError as err:  # the model cannot train on such a batch (BatchNorm1d and B = 1)
                 out.append({"strategy": row.name, "study_batch_size": B, "attack": f"none: {err}"})
                 continue
-            outcome = attack_row(row, settings, cases, public, prior, to_unit, plan, {}, names)
+            outcome = attack_row(row, settings, cases, public, blind, to_unit, plan, {}, names)
             scored_on = Victims(vict.part, vict.index[: len(outcome.truth)])
             for name in outcome.estimates:
                 record = scored(name, outcome.summary, outcome.per_image, scored_on, outcome.seconds[name],
@@ -353,9 +355,9 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
         vict, public, prior = space.vict, space.public, space.prior
         to_unit = to_unit_for(settings, vict)
         cases = row_cases(row, settings, run, vict, prior, plan)
-        outcome = attack_row(row, settings, cases, public, prior, to_unit, plan, cache)
+        outcome = attack_row(row, settings, cases, public, space.blind, to_unit, plan, cache)
         info = cases[0].info if cases else {}
-        (best, x_hat), every = row_leakage(outcome, vict, prior, to_unit, info)
+        (best, x_hat), every = row_leakage(outcome, vict, space.blind, to_unit, info)
         measured = result.get("mean-bytes-up-per-party", 0.0)
         base_record = {
             "strategy": row.name,

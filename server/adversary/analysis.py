@@ -12,20 +12,63 @@ import time
 import traceback
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from fedsmix.metrics import Score, score, theorem41_bound
+from fedsmix.metrics import ST_LPIPS_MIN_SIDE, Score, score, st_lpips, theorem41_bound
 
 from .base import Attack, Observation
 
 KNOWN_W = ("linear", "mmse")  # attacks Theorem 4.1's bound speaks about (they invert W)
 
 
+BLIND_POOL = 64  # public images the perceptual blind guess is chosen among
+
+
 def trivial_guess(public_mean: torch.Tensor, n: int) -> torch.Tensor:
     """The same public mean sample guessed for every victim."""
     return public_mean.unsqueeze(0).expand(n, *public_mean.shape).clone()
+
+
+@dataclass
+class Blind:
+    """The best guesses made without looking at any upload, one per kind of metric: the public mean sample (the
+    best blind guess in squared error: SNR, PSNR; and SSIM), and for ST-LPIPS the public image closest to the other
+    public images (`perceptual`: a blurred mean image is far from every natural image in a perceptual metric,
+    so a gain over it overstates leakage). Both come from public data only."""
+
+    mean: torch.Tensor
+    perceptual: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, public: torch.Tensor, to_unit=None, pool: int = BLIND_POOL) -> Blind:
+        return cls(public.mean(dim=0), st_lpips_medoid(public, to_unit, pool))
+
+
+def st_lpips_medoid(public: torch.Tensor, to_unit=None, pool: int = BLIND_POOL) -> torch.Tensor | None:
+    """The image of the first `pool` public images with the least mean ST-LPIPS distance to the others; None where
+    ST-LPIPS does not apply (features, images under 28 px)."""
+    if to_unit is None or public.dim() != 4 or min(public.shape[-2:]) < ST_LPIPS_MIN_SIDE or len(public) < 2:
+        return None
+    images = to_unit(public[:pool].float()).clamp(0, 1)
+    distance = torch.stack([st_lpips(images, images[i : i + 1].expand_as(images)) for i in range(len(images))])
+    return public[int(distance.mean(dim=1).argmin())]
+
+
+def blind_score(x: torch.Tensor, blind: Blind | torch.Tensor, to_unit=None) -> tuple[Score, dict, dict]:
+    """The blind guesses' score on victims x: SNR/PSNR/SSIM of the mean guess, ST-LPIPS of whichever guess is closer
+    (the report names it), and the per-image metrics of that choice."""
+    blind = blind if isinstance(blind, Blind) else Blind(blind)
+    result, per_image = score(x, trivial_guess(blind.mean.to(x), len(x)), to_unit)
+    named = {"st_lpips_guess": "public mean"}
+    if blind.perceptual is not None and result.st_lpips_mean is not None:
+        other, other_per_image = score(x, trivial_guess(blind.perceptual.to(x), len(x)), to_unit)
+        if other.st_lpips_mean < result.st_lpips_mean:
+            result = replace(result, st_lpips_mean=other.st_lpips_mean, st_lpips_std=other.st_lpips_std)
+            per_image = {**per_image, "st_lpips": other_per_image["st_lpips"]}
+            named["st_lpips_guess"] = "public medoid (ST-LPIPS)"
+    return result, per_image, named
 
 
 def gain(attack: Score, blind: Score) -> dict[str, float | None]:
@@ -41,17 +84,19 @@ def gain(attack: Score, blind: Score) -> dict[str, float | None]:
     }
 
 
-def score_with_baseline(x: torch.Tensor, x_hat: torch.Tensor, public_mean: torch.Tensor, to_unit=None) -> dict:
-    """The attack's scores, the trivial guess's, and the gain (dB for SNR/PSNR, difference for SSIM)."""
+def score_with_baseline(x: torch.Tensor, x_hat: torch.Tensor, public_mean: Blind | torch.Tensor, to_unit=None) -> dict:
+    """The attack's scores, the blind guesses', and the gain (dB for SNR/PSNR, difference for SSIM and ST-LPIPS)."""
     attack, per_image = score(x, x_hat, to_unit)
-    blind, _ = score(x, trivial_guess(public_mean.to(x.dtype), len(x)), to_unit)
-    return {"attack": attack.as_dict(), "trivial": blind.as_dict(), "gain": gain(attack, blind), "per_image": per_image}
+    blind, _, named = blind_score(x, public_mean, to_unit)
+    return {"attack": attack.as_dict(), "trivial": {**blind.as_dict(), **named}, "gain": gain(attack, blind),
+            "per_image": per_image}
 
 
 def leakage(
-    x: torch.Tensor, estimates: dict[str, torch.Tensor], public_mean: torch.Tensor | None, to_unit=None
+    x: torch.Tensor, estimates: dict[str, torch.Tensor], public_mean: Blind | torch.Tensor | None, to_unit=None
 ) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
-    """Every attack scored beside one trivial guess (JSON-ready), and the per-image metrics.
+    """Every attack scored beside the blind guesses (`Blind`, or a public mean sample alone; JSON-ready), and the
+    per-image metrics.
 
     Without a public mean (no public data in this space) the gains are left out, never faked.
     """
@@ -59,8 +104,8 @@ def leakage(
     report, per_image = {"attacks": {}}, {}
     blind = None
     if public_mean is not None:
-        blind, per_image["trivial"] = score(x, trivial_guess(public_mean.to(x), len(x)), to_unit)
-        report["trivial"] = blind.as_dict()
+        blind, per_image["trivial"], named = blind_score(x, public_mean, to_unit)
+        report["trivial"] = {**blind.as_dict(), **named}
     for name, x_hat in estimates.items():
         result, per_image[name] = score(x, x_hat.to(x), to_unit)
         report["attacks"][name] = {"score": result.as_dict(), **({"gain": gain(result, blind)} if blind else {})}
@@ -129,7 +174,7 @@ class Outcome:
         return max(gains, key=gains.get) if gains else None
 
 
-def attack_cases(cases: Iterable, attacks: dict[str, Attack], public_mean: torch.Tensor | None, to_unit=None,
+def attack_cases(cases: Iterable, attacks: dict[str, Attack], public_mean: Blind | torch.Tensor | None, to_unit=None,
                  device: str = "cpu", per_case: bool = False) -> Outcome:
     """The one attack-and-score loop (in-run adversary, tau sweep, frontier).
 
@@ -196,14 +241,18 @@ def attack_cases(cases: Iterable, attacks: dict[str, Attack], public_mean: torch
 
 
 __all__ = [
+    "BLIND_POOL",
     "KNOWN_W",
+    "Blind",
     "Outcome",
     "Score",
     "attack_cases",
+    "blind_score",
     "gain",
     "leakage",
     "score",
     "score_with_baseline",
+    "st_lpips_medoid",
     "theorem41",
     "theorem41_samples",
     "theorem41_summary",

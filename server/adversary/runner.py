@@ -21,7 +21,7 @@ from fedsmix.seeding import generator
 from fedsmix.space import mixing_shape, pixel_spec
 from fedsmix.tables import markdown, pm, signed, write_csv
 
-from .analysis import Outcome, attack_cases
+from .analysis import Blind, Outcome, attack_cases
 from .cases import public_samples, threat_model, upload_case, valid_bounds
 from .figures import recovery_grid, stretched, unit_images
 from .oracle import ReplayMismatch, replay_party, stored_upload
@@ -84,7 +84,7 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
     if progress is not None:
         progress.emit("attack-start", attacks=list(attacks), parties=len(cases),
                       victims=sum(len(case.rows) for case in cases), tau=s.tau)
-    outcome = attack_cases(cases, attacks, public_mean, to_unit, ctx.device, per_case=True)
+    outcome = attack_cases(cases, attacks, Blind.of(public, to_unit), to_unit, ctx.device, per_case=True)
     if progress is not None:
         for name, entry in outcome.summary.get("attacks", {}).items():
             progress.emit("attack", attack=name, tau=s.tau, snr=entry["score"]["snr_mean"],

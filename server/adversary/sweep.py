@@ -28,7 +28,7 @@ from fedsmix.runs import atomic_write_bytes, atomic_write_json
 from fedsmix.space import pixel_spec, to_space
 from fedsmix.tables import markdown, pm, signed, write_csv
 
-from .analysis import attack_cases
+from .analysis import Blind, attack_cases
 from .cases import THREAT_MODELS, public_samples, threat_model, upload_case, valid_bounds
 from .figures import recovery_grid, stretched, unit_images
 from .registry import build_attacks
@@ -140,6 +140,7 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
     bounds = valid_bounds(settings, spec)
     public = public_samples(settings, spec)
     public_mean = public.mean(dim=0)
+    blind = Blind.of(public, to_unit)  # the best guesses without an upload, per metric
     t_build = time.perf_counter()
     built, skipped = build_attacks(attacks, settings, public, sample_shape, device=device, mmse_rank=mmse_rank)
     pairing = None
@@ -188,7 +189,7 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
                     recovered.append({k: case.observation.extras[k] for k in PAIRING_KEYS})
                 yield case
 
-        outcome = attack_cases(encoded_cases(), built, public_mean, to_unit, device)
+        outcome = attack_cases(encoded_cases(), built, blind, to_unit, device)
         if outcome.errors:
             raise RuntimeError(f"[{label}] tau={tau:g}: attacks failed: {outcome.errors}")
         result["skipped"].update(outcome.skipped)
