@@ -324,9 +324,9 @@ def write_sweep_tables(out_dir: Path, result: dict) -> list[str]:
     setting = f" [{result['variant']}]" if result.get("variant", "default") != "default" else ""
     if space == "pixels":
         title = (f"## {result['dataset']}{setting}: {where}, SNR dB (mean ± std); "
-                 "gains over the trivial guess (public mean image) in dB; ST-LPIPS gain: that guess's "
-                 "shift-tolerant LPIPS distance minus the attack's (28 px and more; the mean image is a weak blind "
-                 "guess for this metric, docs/attacks.md)\n\n")
+                 "gains over the trivial guess (public mean image) in dB; ST-LPIPS gain: the best blind guess's "
+                 "shift-tolerant LPIPS distance (the public images' ST-LPIPS medoid, or the mean image if closer) "
+                 "minus the attack's (28 px and more; docs/attacks.md)\n\n")
     else:
         title = (f"## {result['dataset']}{setting} in {space}, radius mode {result['radius-mode']}: {where}, SNR dB in "
                  "feature space (mean ± std); gains over the trivial guess (public mean feature) in dB; PSNR/SSIM n/a "
