@@ -24,9 +24,11 @@ ENCODERS = ("singularized", "mixup", "none")  # rows whose mean is linear in the
 
 def run_dirs(root: Path) -> list[Path]:
     """The run directories under `root` (itself, or a grid's cells/<cell>/<run>) that hold mixup-union uploads."""
-    found = [root] if (root / "results.json").is_file() else sorted(
-        p.parent for p in root.glob("cells/*/*/results.json"))  # `latest` links are skipped below
-    return [p for p in found if not p.is_symlink() and (p / "uploads" / "manifest.json").is_file()]
+    if (root / "results.json").is_file():  # a run directory (runs/latest is a link to one)
+        found = [root]
+    else:  # a grid: each cell's runs, not its `latest` link to one of them
+        found = sorted(p.parent for p in root.glob("cells/*/*/results.json") if not p.parent.is_symlink())
+    return [p for p in found if (p / "uploads" / "manifest.json").is_file()]
 
 
 def of_run(run_dir: Path, sizes: tuple[float, ...] = (), draws: int = 3, genies: dict | None = None) -> dict:

@@ -88,6 +88,9 @@ def test_bound_command_writes_beside_a_run_and_names_what_it_lacks(data_dir, run
     assert written["parties-used"] == 3 and written["rows"] == results["strategies"]["mixup-union"]["union-size"]
     assert 0.1 < written["genie-subspace"] <= 1 and written["sizes"]["10"]["genie-subspace"] > 0
     assert "genie (subspace known)" in capsys.readouterr().out
+    latest = tmp_path.joinpath(runs_dir) / "latest"  # what a user names: the link to the newest run
+    assert latest.is_symlink() and cli.main(["bound", str(latest)]) == 0
+    capsys.readouterr()
     empty = tmp_path / "nothing"
     empty.mkdir()
     assert cli.main(["bound", str(empty)]) == 2
