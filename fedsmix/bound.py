@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from .seeding import generator
+from .trainers.union import Moments
 
 
 @dataclass
@@ -73,25 +74,17 @@ class Regression:
     rows: int
 
     @classmethod
-    def of(cls, x, y: np.ndarray, block: int = 4096) -> Regression:
-        """One pass in blocks over the rows (an array, a tensor or the store's memory-mapped union)."""
-        n, c = len(y), y.shape[1]
-        d = int(np.prod(x.shape[1:]))
-        yy, yx = torch.zeros(c, c, dtype=torch.float64), torch.zeros(c, d, dtype=torch.float64)
-        xx = torch.zeros(d, d, dtype=torch.float64)
-        for start in range(0, n, block):
-            rows = x[np.arange(start, min(start + block, n))]
-            xb = (rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rows)))
-            xb = xb.reshape(len(xb), -1).double()
-            yb = torch.from_numpy(np.asarray(y[start: start + block], dtype=np.float64))
-            yy.addmm_(yb.T, yb)
-            yx.addmm_(yb.T, xb)
-            xx.addmm_(xb.T, xb)
+    def of(cls, x, y: np.ndarray) -> Regression:
+        """From the union's second moments (one pass over an array, a tensor or the store's memory-mapped union)."""
+        m = Moments.of(x, y)
+        yy = m.n * m.label_gram  # the uncentred sums: least squares on the soft labels needs no intercept (rows of Y
+        yx = m.n * (m.xy + torch.outer(m.mean_x, m.mean_y)).T  # sum to 1)
+        xx = m.n * (m.xx + torch.outer(m.mean_x, m.mean_x))
         held = torch.diagonal(yy) > 0  # a class no row carries has no mean to estimate (NaN; never predicted)
-        means = torch.full((c, d), float("nan"), dtype=torch.float64)
+        means = torch.full(yx.shape, float("nan"), dtype=torch.float64)
         means[held] = torch.linalg.solve(yy[held][:, held], yx[held])
-        residual = (xx - yx[held].T @ means[held]) / max(n - int(held.sum()), 1)  # X'X - X'Y (Y'Y)^-1 Y'X, per dof
-        return cls(means, yy, (residual + residual.T) / 2, n)
+        residual = (xx - yx[held].T @ means[held]) / max(m.n - int(held.sum()), 1)  # X'X - X'Y (Y'Y)^-1 Y'X, per dof
+        return cls(means, yy, (residual + residual.T) / 2, m.n)
 
     @property
     def held(self) -> torch.Tensor:
@@ -133,10 +126,10 @@ def clean_lda(genie: Genie, test_x: torch.Tensor, test_y: torch.Tensor) -> float
 
 
 def genie_accuracy(genie: Genie, uploads: Regression, test_x: torch.Tensor, test_y: torch.Tensor,
-                   prior: torch.Tensor | None = None, means: torch.Tensor | None = None) -> float:
-    """The genie's test accuracy with the class means estimated from `uploads` (or `means`, a draw of them). `prior`:
-    the covariance of the class means around their overall mean that the genie is told (None: a flat prior, the
-    least squares means as they are); each mean is then its posterior under N(overall mean, prior)."""
+                   means_prior: torch.Tensor | None = None, means: torch.Tensor | None = None) -> float:
+    """The genie's test accuracy with the class means estimated from `uploads` (or `means`, a draw of them).
+    `means_prior`: the covariance of the class means around their overall mean that the genie is told (None: a flat
+    prior, the least squares means as they are); each mean is then its posterior under N(overall mean, means_prior)."""
     estimate = uploads.means if means is None else means
     k, held = uploads.uncertainty(), uploads.held
     overall = genie.prior @ genie.means
@@ -147,10 +140,10 @@ def genie_accuracy(genie: Genie, uploads: Regression, test_x: torch.Tensor, test
             spreads.append(_jitter(genie.within))
             continue
         uncertainty = k[c, c] * uploads.residual
-        if prior is not None:  # posterior of mean c under the prior N(overall, prior)
-            gain = torch.linalg.solve(_jitter(prior + uncertainty), prior).T  # prior (prior + V)^-1
+        if means_prior is not None:  # posterior of mean c under N(overall, means_prior)
+            gain = torch.linalg.solve(_jitter(means_prior + uncertainty), means_prior).T  # B (B + V)^-1
             centres.append(overall + gain @ (estimate[c] - overall))
-            uncertainty = prior - gain @ prior
+            uncertainty = means_prior - gain @ means_prior
         else:
             centres.append(estimate[c])
         spreads.append(_jitter(genie.within + (uncertainty + uncertainty.T) / 2))
@@ -158,9 +151,9 @@ def genie_accuracy(genie: Genie, uploads: Regression, test_x: torch.Tensor, test
 
 
 def simulated(genie: Genie, uploads: Regression, test_x: torch.Tensor, test_y: torch.Tensor, rows: int,
-              draws: int = 3, seed: int = 0, prior: torch.Tensor | None = None) -> tuple[float, float]:
+              draws: int = 3, seed: int = 0, means_prior: torch.Tensor | None = None) -> tuple[float, float]:
     """Mean and standard deviation over `draws` of the genie's accuracy for a union of `rows` rows with the same
-    noise and mixing: M_hat = M + E, E ~ N(0, K (x) R), K = (Y'Y)^-1 scaled to `rows`; `prior` as in
+    noise and mixing: M_hat = M + E, E ~ N(0, K (x) R), K = (Y'Y)^-1 scaled to `rows`; `means_prior` as in
     `genie_accuracy`."""
     union = uploads.scaled(rows)
     left = torch.linalg.cholesky(_jitter(union.uncertainty()))
@@ -169,7 +162,7 @@ def simulated(genie: Genie, uploads: Regression, test_x: torch.Tensor, test_y: t
     accuracies = []
     for _ in range(draws):
         noise = torch.randn(genie.means.shape, generator=g, dtype=torch.float64)
-        accuracies.append(genie_accuracy(genie, union, test_x, test_y, prior,
+        accuracies.append(genie_accuracy(genie, union, test_x, test_y, means_prior,
                                          means=genie.means + left @ noise @ right.T))
     values = torch.tensor(accuracies)
     return float(values.mean()), float(values.std()) if draws > 1 else 0.0

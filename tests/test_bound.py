@@ -69,10 +69,10 @@ def test_the_genie_loses_with_the_noise_and_gains_with_the_union(data_dir):
     assert at_small["genie-subspace"] < at_1["genie-subspace"] - 0.3
     assert at_small["genie-subspace"] >= at_small["genie-flat"] - 0.05  # knowing the subspace never hurts much
     real = bound.genie_accuracy(genie, middle, test_x, test_y, genie.between())
-    drawn, spread = bound.simulated(genie, middle, test_x, test_y, middle.rows, draws=5, prior=genie.between())
+    drawn, spread = bound.simulated(genie, middle, test_x, test_y, middle.rows, draws=5, means_prior=genie.between())
     assert abs(drawn - real) < 3 * spread + 0.03, (drawn, spread, real)
-    small, _ = bound.simulated(genie, tight, test_x, test_y, tight.rows, draws=3, prior=genie.between())
-    large, _ = bound.simulated(genie, tight, test_x, test_y, 100 * tight.rows, draws=3, prior=genie.between())
+    small, _ = bound.simulated(genie, tight, test_x, test_y, tight.rows, draws=3, means_prior=genie.between())
+    large, _ = bound.simulated(genie, tight, test_x, test_y, 100 * tight.rows, draws=3, means_prior=genie.between())
     assert large > small + 0.3 and large > at_1["clean-lda"] - 0.1
 
 

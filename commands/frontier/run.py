@@ -61,12 +61,12 @@ def victims(settings: Settings, party: int, num_parties: int, count: int) -> Vic
 @dataclass
 class Space:
     """Where a row's attacks are scored: the victims (the same images, as pixels or as the backbone's
-    features), the public data and its mean, the data-free guess."""
+    features), the public data and the blind guesses made from it."""
 
     vict: Victims
     public: torch.Tensor
-    prior: torch.Tensor
-    blind: Blind  # the blind guesses the gains are measured from (the mean sample; a perceptual one for ST-LPIPS)
+    blind: Blind  # the blind guesses the gains are measured from: the mean sample (also the attacks' prior mean),
+    # and a perceptual one for ST-LPIPS
 
 
 def spaces(base: Settings, rows: list[Row], row_settings: list[Settings], plan: FrontierPlan) -> dict[str, Space]:
@@ -75,7 +75,7 @@ def spaces(base: Settings, rows: list[Row], row_settings: list[Settings], plan: 
     for space, settings in [("pixels", base)] + [(r.space, s) for r, s in zip(rows, row_settings) if r.features][:1]:
         vict = victims(settings, plan.victim_party, plan.parties, base.attack_victims)
         public = public_samples(settings, vict.part.spec)
-        out[space] = Space(vict, public, public.mean(dim=0), Blind.of(public, to_unit_for(settings, vict)))
+        out[space] = Space(vict, public, Blind.of(public, to_unit_for(settings, vict)))
     return out
 
 
@@ -217,7 +217,7 @@ def reencoding(rows: list[Row], row_settings: list[Settings], runs: list[dict], 
     for row, settings, run in zip(rows, row_settings, runs):
         if not STRATEGIES[row.strategy].uploads or row.target == "mixcon":  # h(x) is the same at every re-encoding
             continue
-        vict, prior = where[row.space].vict, where[row.space].prior
+        vict, prior = where[row.space].vict, where[row.space].blind.mean
         to_unit = to_unit_for(settings, vict)
         attacks, _ = build_attacks(["averaging"], settings, None)
         for T in plan.reencoding:
@@ -352,7 +352,7 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
     for row, settings, run in zip(rows, row_settings, runs):
         result = run.get("strategies", {}).get(row.strategy, {})
         space = where[row.space]
-        vict, public, prior = space.vict, space.public, space.prior
+        vict, public, prior = space.vict, space.public, space.blind.mean
         to_unit = to_unit_for(settings, vict)
         cases = row_cases(row, settings, run, vict, prior, plan)
         outcome = attack_row(row, settings, cases, public, space.blind, to_unit, plan, cache)

@@ -135,24 +135,27 @@ class Moments:
     xx: torch.Tensor  # (d, d) covariance
     xy: torch.Tensor  # (d, C) cross-covariance
     yy: torch.Tensor  # (C,) mean squared label per class (how unevenly the soft labels weight the rows)
+    label_gram: torch.Tensor  # (C, C) Y'Y / n, uncentred (yy is its diagonal)
 
     @classmethod
     def of(cls, x, y: np.ndarray, block: int = 4096) -> Moments:
         n = len(y)
         first = _flat(x[np.arange(min(block, n))])
         d, c = first.shape[1], y.shape[1]
-        sx, sy, syy = (torch.zeros(k, dtype=torch.float64) for k in (d, c, c))
+        sx, sy = (torch.zeros(k, dtype=torch.float64) for k in (d, c))
         sxx, sxy = torch.zeros(d, d, dtype=torch.float64), torch.zeros(d, c, dtype=torch.float64)
+        syy = torch.zeros(c, c, dtype=torch.float64)
         for start in range(0, n, block):
             xb = first if start == 0 else _flat(x[np.arange(start, min(start + block, n))])
             yb = torch.from_numpy(np.asarray(y[start : start + block], dtype=np.float64))
             sx += xb.sum(0)
             sy += yb.sum(0)
-            syy += (yb * yb).sum(0)
+            syy.addmm_(yb.T, yb)
             sxx.addmm_(xb.T, xb)
             sxy.addmm_(xb.T, yb)
         mx, my = sx / n, sy / n
-        return cls(n, mx, my, sxx / n - torch.outer(mx, mx), sxy / n - torch.outer(mx, my), syy / n)
+        return cls(n, mx, my, sxx / n - torch.outer(mx, mx), sxy / n - torch.outer(mx, my), torch.diagonal(syy) / n,
+                   syy / n)
 
 
 def _flat(rows) -> torch.Tensor:
