@@ -84,3 +84,27 @@ def query_cap(settings: Settings) -> int:
 def report(settings: Settings, tried: list[dict], chosen: int) -> dict:
     """What a strategy's entry in results.json says about its selection."""
     return {"tuning-budget": settings.tuning_budget, "chosen": tried[chosen], "tried": tried}
+
+
+def described(res: dict) -> dict[str, str]:
+    """What a strategy's entry in results.json says of its selection, as table text: `chosen` (the setting it
+    kept, with the round it stopped at; local-only: each party's choice, with how many parties made it) and
+    `tuning` (settings tried, of what budget). Empty for an entry that names no tuning budget."""
+    if res.get("tuning-budget") is None:
+        return {}
+    out = {"tuning": f"{len(res.get('tried') or [])} tried, budget {res['tuning-budget']}"}
+    if "chosen" in res:
+        out["chosen"] = _setting(res["chosen"]) + (f", round {res['stopped-at']}" if "stopped-at" in res else "")
+    elif "chosen-per-party" in res:  # each party chose alone
+        picks: dict[str, int] = {}
+        for choice in res["chosen-per-party"].values():
+            key = _setting({k: v for k, v in choice.items() if k != "validation-accuracy"})
+            picks[key] = picks.get(key, 0) + 1
+        out["chosen"] = "; ".join(f"{key} ({count} parties)" for key, count in picks.items())
+    return out
+
+
+def _setting(setting) -> str:
+    if not isinstance(setting, dict):
+        return str(setting)
+    return " ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}" for k, v in setting.items())

@@ -119,6 +119,12 @@ def test_tiny_frontier_writes_table_csv_and_plot(runs_dir):
     ]
     markdown = (run_dir / "frontier.md").read_text()
     assert "| strategy | space | test acc % |" in markdown and all(f"| {name} |" in markdown for name in rows)
+    header = next(line for line in markdown.splitlines() if line.startswith("| strategy |"))
+    rule = markdown.splitlines()[markdown.splitlines().index(header) + 1]
+    assert header.count("|") == rule.count("|")  # every column has its rule
+    for r in table:  # every row names what its selection chose, and the tuning budget every row shares
+        assert r["chosen"] and r["tuning"].endswith(f"budget {summary['settings']['tuning-budget']}"), r["strategy"]
+        assert f"{r['chosen']} ({r['tuning']})" in markdown
     saved = json.loads((run_dir / "frontier.json").read_text())
     assert len(saved["records"]) == 3 and saved["plan"]["rows"] == rows
     for record in saved["records"]:  # every row is a real run with its own results.json and stored uploads
@@ -211,7 +217,9 @@ def test_frontiers_at_several_seeds_report_mean_and_interval(tmp_path):
         def rec(name, acc, gain, attack, bytes_up):
             return {"strategy": name, "space": "pixels", "accuracy": acc, "attack": attack, "snr_db": gain - 5,
                     "ssim": 0.1, "gain_snr_db": gain, "gain_psnr_db": gain, "gain_ssim": 0.0, "best_ssim": 0.2,
-                    "gain_vs_party_mean_db": -1.0, "bytes_up_per_party": bytes_up, "wall_seconds": 2.0}
+                    "gain_vs_party_mean_db": -1.0, "bytes_up_per_party": bytes_up, "wall_seconds": 2.0,
+                    **({"chosen": f"client-lr={0.05 * (seed + 1):g}, round 4", "tuning": "6 tried, budget 6"}
+                       if name == "fedavg" else {})}
 
         return {"settings": {"seed": seed}, "run-dir": f"/runs/seed{seed}",
                 "meta": {"dataset": "mnist", "budget": "tiny budget.", "threat-model": "oracle pairing"},
@@ -228,8 +236,12 @@ def test_frontiers_at_several_seeds_report_mean_and_interval(tmp_path):
     table = (tmp_path / "frontier-seeds.md").read_text()
     assert "mean ± 95 % CI over 3 seeds (0, 1, 2)" in table
     assert "| fedavg | pixels | 3 | 82.00 ± 4.97 | gradient | 7.00 ± 4.97 |" in table
+    # every row names what its selection chose at each seed, and the budget it had
+    assert ("| seed 0: client-lr=0.05, round 4; seed 1: client-lr=0.1, round 4; seed 2: client-lr=0.15, round 4 "
+            "(6 tried, budget 6) |") in table
     rows = list(csv.DictReader((tmp_path / "frontier-seeds.csv").open()))
     assert [r["strategy"] for r in rows] == ["fedavg", "singularized-tau1e-2"] and rows[0]["seeds"] == "0;1;2"
+    assert rows[0]["tuning"] == "6 tried, budget 6" and rows[1]["chosen"] == rows[1]["tuning"] == ""
     assert float(rows[0]["accuracy_ci_low"]) == pytest.approx(0.82 - 4.302653 * 0.02 / 3 ** 0.5, abs=1e-6)
     detail = json.loads((tmp_path / "frontier-seeds.json").read_text())
     acc = detail["rows"][1]["columns"]["accuracy"]

@@ -38,6 +38,8 @@ COLUMNS = (
     "strategy",
     "space",
     "accuracy",
+    "chosen",
+    "tuning",
     *PRIVACY,
     "attack",
     "batch_size",
@@ -117,6 +119,13 @@ def write_all(run_dir: Path, records: list[dict], attacks: list[dict], study: li
     return [str(f) for f in files] + [str(run_dir / n) for n in figures]
 
 
+def _chosen(r: dict) -> str:
+    """The setting the row's selection chose, and its tuning budget ('-': a row that ran one setting)."""
+    if not r.get("tuning"):
+        return "-"
+    return f"{r.get('chosen') or '-'} ({r['tuning']})"
+
+
 def _privacy(r: dict) -> str:
     """The row's privacy parameters, each in its own cell."""
     return (f"| {_f(r.get('tau'), '.0e')} | {_f(r.get('upload_k'), 'd')} | {r.get('mixcon') or '-'} "
@@ -134,6 +143,8 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
         f"Threat model of the upload attacks: {meta.get('threat-model', 'oracle pairing')}; model updates: the "
         "party's own update with its labels known.",
         "",
+        "Chosen: the setting each row's selection kept on the parties' own validation splits (never the test "
+        "split), and how many settings it tried of the tuning budget every row shares. "
         "Leakage: the strongest applicable attack on the same victims; gain = attack minus the trivial guess "
         "(the public mean sample), so 0 means the attacker learnt nothing a data-free guess would not give; "
         "gain vs party mean compares with the victim party's own mean sample (an oracle guess): positive only when "
@@ -149,18 +160,20 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
         "(AlexNet, stlpips-pytorch; lower is closer; not numerically LPIPS), its gain = the guess's minus the "
         "attack's (positive: the attack came perceptually closer); images of 28 px and more.",
         "",
-        "| strategy | space | test acc % | tau | upload k | MixCon | prune p | batch mix | DP-FedAvg eps | DP-SGD eps "
+        "| strategy | space | test acc % | chosen (tuning) | tau | upload k | MixCon | prune p | batch mix "
+        "| DP-FedAvg eps | DP-SGD eps "
         "| strongest attack | SNR dB | PSNR dB | SSIM | gain SNR dB | gain PSNR dB | gain SSIM "
         "| best-image SSIM | ST-LPIPS | gain ST-LPIPS | gain vs party mean dB | bytes up/party | wall s | time x "
         "| dominated by |",
-        "|---|---|---:|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-        "---:|---:|---|",
+        "|---|---|---:|---|---:|---:|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "---:|---:|---:|---|",
     ]
     for r in records:
         attack = r["attack"] + (f" (B={r['batch_size']}, S={r['local_steps']})" if r.get("batch_size") else "")
         lines.append(
             f"| {r['strategy']} | {_space(r)} "
-            f"| {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} {_privacy(r)}| {attack} "
+            f"| {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} | {_chosen(r)} "
+            f"{_privacy(r)}| {attack} "
             f"| {_f(r['snr_db'], '.2f')} | {_f(r['psnr_db'], '.2f')} | {_f(r['ssim'], '.3f')} "
             f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['gain_ssim'], '+.3f')} "
             f"| {_f(r['best_ssim'], '.3f')} | {_f(r.get('st_lpips'), '.3f')} | {_f(r.get('gain_st_lpips'), '+.3f')} "
@@ -232,6 +245,8 @@ def over_seeds(summaries: list[dict]) -> list[dict]:
         done = [(seed, r) for seed, r in seeded if not r.get("error") and r.get("accuracy") is not None]
         record: dict = {"strategy": name, "space": _space(seeded[0][1]), "seeds": [seed for seed, _ in seeded],
                         "n": len(done), "attack": "; ".join(dict.fromkeys(r["attack"] for _, r in done)) or "-",
+                        "chosen": "; ".join(f"seed {seed}: {r['chosen']}" for seed, r in done if r.get("chosen")),
+                        "tuning": "; ".join(dict.fromkeys(r["tuning"] for _, r in done if r.get("tuning"))),
                         "stats": {}, "values": {}}
         for column in SEED_COLUMNS:
             pairs = [(seed, r[column]) for seed, r in done
@@ -271,8 +286,8 @@ def seeds_markdown(records: list[dict], summaries: list[dict]) -> str:
         "",
         "| strategy | space | n | test acc % | strongest attack (per seed) | SNR dB | SSIM | gain SNR dB "
         "| gain PSNR dB | gain SSIM | best-image SSIM | gain ST-LPIPS | gain vs party mean dB | bytes up/party "
-        "| wall s | dominated by |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| wall s | chosen (tuning) | dominated by |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in records:
         lines.append(
@@ -281,7 +296,7 @@ def seeds_markdown(records: list[dict], summaries: list[dict]) -> str:
             f"| {cell(r, 'gain_psnr_db', '+.2f')} | {cell(r, 'gain_ssim', '+.3f')} | {cell(r, 'best_ssim', '.3f')} "
             f"| {cell(r, 'gain_st_lpips', '+.3f')} | {cell(r, 'gain_vs_party_mean_db', '+.2f')} "
             f"| {cell(r, 'bytes_up_per_party', ',.0f')} "
-            f"| {cell(r, 'wall_seconds', '.1f')} | {r['dominated_by'] or '-'} |"
+            f"| {cell(r, 'wall_seconds', '.1f')} | {_chosen(r)} | {r['dominated_by'] or '-'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -292,7 +307,7 @@ def write_seeds(out: Path, summaries: list[dict]) -> list[str]:
     records = over_seeds(summaries)
     flat = []
     for r in records:
-        row = {k: r[k] for k in ("strategy", "space", "n", "attack", "dominated_by")}
+        row = {k: r[k] for k in ("strategy", "space", "n", "attack", "chosen", "tuning", "dominated_by")}
         row["seeds"] = ";".join(str(seed) for seed in r["seeds"])
         for column in SEED_COLUMNS:
             iv = r["stats"].get(column)
@@ -300,7 +315,8 @@ def write_seeds(out: Path, summaries: list[dict]) -> list[str]:
                 (iv.mean, iv.low, iv.high) if iv else (None, None, None))
         flat.append(row)
     columns = ["strategy", "space", "n", "seeds", "attack",
-               *[f"{c}{end}" for c in SEED_COLUMNS for end in ("", "_ci_low", "_ci_high")], "dominated_by"]
+               *[f"{c}{end}" for c in SEED_COLUMNS for end in ("", "_ci_low", "_ci_high")], "chosen", "tuning",
+               "dominated_by"]
     files = [write_csv(out / "frontier-seeds.csv", flat, columns)]
     atomic_write_bytes(out / "frontier-seeds.md", seeds_markdown(records, summaries).encode())
     detail = {

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from fedsmix import data as datalib
+from fedsmix import tuning
 from fedsmix.config import INSTAHIDE, Settings, SettingsError, load_settings
 from fedsmix.metrics import snr_db
 from fedsmix.models import load_split_model
@@ -363,6 +364,7 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
             "strategy": row.name,
             "space": row.space,
             "accuracy": result.get("accuracy"),
+            **tuning.described(result),  # the setting its selection chose on the parties' validation, and the budget
             # local-only parties send nothing; the simulator returns their models only to evaluate them
             "bytes_up_per_party": 0.0 if row.strategy == "local-only" else measured,
             "measured_bytes_up_per_party": measured,

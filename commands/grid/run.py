@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from fedsmix import tuning
 from fedsmix.config import load_settings
 from fedsmix.registry import STRATEGIES
 from fedsmix.runs import atomic_write_json
@@ -80,13 +81,9 @@ def summarize(name: str, res: dict) -> dict[str, Any]:
         "parties-used": res.get("parties-used"),
         "error": res.get("error"),
     }
-    if res.get("tuning-budget") is not None:  # what the shared selection protocol chose, and from how many
-        row["tuning"] = f"{len(res.get('tried') or [])} tried, budget {res['tuning-budget']}"  # text: not averaged
-        if "chosen" in res:
-            chosen = res["chosen"]
-            row["chosen"] = chosen if isinstance(chosen, str) else " ".join(f"{k}={v:g}" for k, v in chosen.items())
-        if "stopped-at" in res:
-            row["stopped-at"] = res["stopped-at"]
+    row.update(tuning.described(res))  # what the shared selection protocol chose, and from how many (text)
+    if "stopped-at" in res:
+        row["stopped-at"] = res["stopped-at"]
     if name == "local-only":
         row["party0-accuracy"] = res.get("party0-accuracy")
         row["mean-party-accuracy"] = res.get("mean-party-accuracy")
