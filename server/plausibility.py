@@ -38,6 +38,16 @@ Across parties (`quarantine`, after every upload arrived; the last two need at l
   when the parties' agreement is well above chance (at tiny tau the noise hides the labels from any linear
   head, and the check abstains; on features, where mixup-union still learns at tau 1e-3, a label-flipped
   party then costs points: docs/results/robustness.md measures how many).
+- `labels-vs-peers`: each party's class means, as its soft labels recover them from all its rows (the covariance
+  of rows and labels over the label mass, as `lda` recovers the union's), against the other parties' class means:
+  honest class means point where the others' means of the same classes point, a party whose labels name other
+  classes than its inputs hold (a permutation, a relabelled class) has class means that point to other classes'.
+  Inner products of the two parties' independent estimates are unbiased by either's noise; the party's acquisition
+  offset (its overall mean against the one its labels imply under the others' means) is removed first, so a
+  darker or blurrier camera keeps its alignment. Decided only when the parties' class means are resolved (the
+  median party's alignment at least PEER_SIGNAL; at small tau one party's class means are below the noise and the
+  check abstains), and flags a party aligned less than half as well as the median party, by more than SPREAD_Z
+  robust standard deviations of the parties' values (parties that differ in acquisition or labels spread them).
 - `structure`: real encodings put a good share of their (centred) energy into the few principal directions
   the parties' rows share; random values spread it over every direction (the sphere noise of a small tau
   does too, and then the check abstains). Catches garbage whose mean alone carries the party's classes
@@ -81,6 +91,8 @@ SIGNAL = 0.3  # labels-vs-inputs decides only when the median party's expected a
 AGREEMENT_GAP = 0.5  # ... and flags a party that misses more than half of its expected lift over chance,
 FALSE_ALARM = 1e-3  # ... where so few hits have a chance below this / the number of parties judged (Chernoff)
 SPREAD_Z = 5.0  # ... and by more than 5 robust standard deviations (1.4826 MAD) of the parties' values
+PEER_SIGNAL = 0.6  # labels-vs-peers decides only when the median party's alignment is at least this ...
+PEER_GAP = 0.5  # ... and flags a party aligned less than this x the median, by more than SPREAD_Z robust std devs
 STRUCTURE_K = 10  # principal directions shared by the parties' rows
 STRUCTURE_SIGNAL = 0.06  # structure decides only when the median party's share beats the isotropic k/d by this
 STRUCTURE_GAP = 0.5  # ... and flags a party whose excess share is below half the median's, by more than
@@ -108,6 +120,9 @@ class Evidence:
     sketch: np.ndarray  # (rows, SKETCH_DIM) random projection of every row over sqrt(energy), float16
     fit_x: np.ndarray  # (<= FIT_ROWS, <= FIT_DIM) rows for the labels-vs-inputs and structure checks
     fit_y: np.ndarray
+    label_sums: np.ndarray  # (C,) every row's soft labels summed: each class's label mass
+    class_sums: np.ndarray  # (C, <= FIT_DIM) Y'X over every row, projected as fit_x (classes without mass: 0)
+    row_sum: np.ndarray  # (<= FIT_DIM,) every row summed, projected as fit_x
     problem: Implausible | None = None  # the upload's own checks
 
 
@@ -123,6 +138,7 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
         torch.randperm(len(flat), generator=generator(settings.seed, party, "plausibility"))[:FIT_ROWS].numpy()
     )
     fit_x = np.asarray(flat[sample], dtype=np.float64)
+    label_sums, class_sums, row_sum = _class_sums(flat, y, fit_matrix)
     evidence = Evidence(
         party=party,
         rows=len(flat),
@@ -133,12 +149,13 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
         sketch=(_project(flat, sketch_matrix) / math.sqrt(max(energy, 1e-30))).astype(np.float16),
         fit_x=(fit_x if fit_matrix is None else fit_x @ fit_matrix).astype(np.float32),
         fit_y=np.asarray(y[sample], dtype=np.float32),
+        label_sums=label_sums, class_sums=class_sums, row_sum=row_sum,
     )
     try:
         check_upload(evidence, y, metrics, settings)
     except Implausible as err:
         evidence.problem = err
-        evidence.sketch, evidence.fit_x, evidence.fit_y = (np.empty((0, 0)),) * 3
+        evidence.sketch, evidence.fit_x, evidence.fit_y, evidence.class_sums = (np.empty((0, 0)),) * 4
     return evidence
 
 
@@ -444,6 +461,71 @@ def fewer_hits_chance(hits: float, rows: int, expected: float) -> float:
     return math.exp(-rows * kl)
 
 
+def class_offsets(label_sums: np.ndarray, class_sums: np.ndarray, row_sum: np.ndarray, rows: float) -> np.ndarray:
+    """(C, k) each class's mean less the overall mean, from soft labels: the rows' covariance with the class's
+    label over the class's label mass (mixing shrinks every class towards the overall mean by the same factor,
+    which no comparison of directions below depends on). Classes without mass: 0."""
+    centred = class_sums - np.outer(label_sums, row_sum / max(rows, 1.0))
+    return centred / np.maximum(label_sums, 1e-12)[:, None]
+
+
+def alignment(evidence: list[Evidence]) -> dict[int, float]:
+    """Per party: how well its class means point where the other parties' means of the same classes point, as
+    sum_c m_c <a_c, b_c> / sum_c m_c max_c' <a_c, b_c'> over the classes both hold MIN_CLASS_ROWS of label mass
+    (m_c: the party's mass of class c; a: its class means less its acquisition offset, b: the others' pooled class
+    means, both about the others' overall mean). 1: every class points to its own; a permuted party near 0 or
+    below. Parties with no class held on both sides are left out."""
+    total_labels = sum(e.label_sums for e in evidence)
+    total_classes = sum(e.class_sums for e in evidence)
+    total_rows, total_sum = sum(e.rows for e in evidence), sum(e.row_sum for e in evidence)
+    out = {}
+    for e in evidence:
+        their_labels, their_rows = total_labels - e.label_sums, total_rows - e.rows
+        their_sum = total_sum - e.row_sum
+        theirs = class_offsets(their_labels, total_classes - e.class_sums, their_sum, their_rows)
+        share = e.label_sums / max(float(e.label_sums.sum()), 1e-12)  # its label prior
+        # its means about its own overall mean, moved to where its labels put it among the others' means: what is
+        # left is the class structure, not the camera (an offset common to its rows)
+        mine = class_offsets(e.label_sums, e.class_sums, e.row_sum, e.rows) + share @ theirs
+        known = their_labels >= MIN_CLASS_ROWS  # classes the others' means place
+        held = np.flatnonzero((e.label_sums >= MIN_CLASS_ROWS) & known)  # ... and the party's own do too
+        if not len(held):
+            continue
+        inner = np.where(known, mine[held] @ theirs.T, -np.inf)  # its class c against every class c' they place
+        mass = e.label_sums[held]
+        denominator = float(mass @ inner.max(axis=1))
+        if denominator > 0:
+            out[e.party] = float(mass @ inner[np.arange(len(held)), held]) / denominator
+    return out
+
+
+def misaligned(evidence: list[Evidence]) -> list[dict]:
+    """Parties whose class means point to other classes than the other parties' means of the same labels. One
+    party at a time, the least aligned first, each judged against the parties not yet named: a permuted party's
+    rows pull the others' means of the classes it holds much of, and must not make an honest holder of them look
+    misaligned in turn."""
+    verdicts, left = [], list(evidence)
+    while len(left) >= MIN_PEERS:
+        scores = alignment(left)
+        if len(scores) < MIN_PEERS:
+            break
+        median = float(np.median(list(scores.values())))
+        if median < PEER_SIGNAL:  # one party's class means are not resolved (small tau): no decision
+            break
+        spread = _robust_spread(list(scores.values()))
+        party, score = min(scores.items(), key=lambda item: item[1])
+        if not (score < PEER_GAP * median and median - score > SPREAD_Z * spread):
+            break
+        verdicts.append(_verdict(Implausible(
+            party, "labels-vs-peers",
+            f"its class means, as its labels recover them, point to the other parties' means of the same classes "
+            f"{score:.2f} as well as to their best-matching class's (parties' median {median:.2f}): its labels "
+            "name other classes than its inputs hold",
+        )))
+        left = [e for e in left if e.party != party]
+    return verdicts
+
+
 def structure(evidence: list[Evidence]) -> tuple[dict[int, tuple[float, float]], float]:
     """Per party: (share of its centred energy in the STRUCTURE_K principal directions of every party's
     centred rows, the standard error of that share), and the share an isotropic upload would have."""
@@ -483,7 +565,8 @@ def unstructured(evidence: list[Evidence]) -> list[dict]:
 
 
 UPLOAD_CHECKS = {"report": _report, "labels": _labels, "domain": check_domain, "energy": check_energy}
-CROSS_CHECKS = {"replay": replays, "labels-vs-inputs": disagreements, "structure": unstructured}
+CROSS_CHECKS = {"replay": replays, "labels-vs-inputs": disagreements, "labels-vs-peers": misaligned,
+                "structure": unstructured}
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -508,6 +591,20 @@ def _energy(flat, block: int = 4096) -> tuple[float, float]:
                                 for start in range(0, n, block)])
     error = float(distances.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
     return float(distances.mean()), error
+
+
+def _class_sums(flat, y: np.ndarray, matrix: np.ndarray | None,
+                block: int = 4096) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(label mass per class, Y'X, the rows' sum) over every row, X projected by `matrix` (None: as it is)."""
+    labels = np.asarray(y, dtype=np.float64)
+    width = flat.shape[1] if matrix is None else matrix.shape[1]
+    class_sums, row_sum = np.zeros((labels.shape[1], width)), np.zeros(width)
+    for start in range(0, len(flat), block):
+        rows = np.asarray(flat[start : start + block], dtype=np.float64)
+        rows = rows if matrix is None else rows @ matrix
+        class_sums += labels[start : start + block].T @ rows
+        row_sum += rows.sum(axis=0)
+    return labels.sum(axis=0), class_sums, row_sum
 
 
 def _outside(flat, lo: np.ndarray, hi: np.ndarray) -> float:

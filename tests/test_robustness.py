@@ -243,6 +243,28 @@ def test_honest_parties_that_differ_in_acquisition_are_not_quarantined(one_threa
     assert all(0 <= e.outside <= plausibility.domain_allowance(u.metrics, settings) for e, u in zip(evidence, uploads))
 
 
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10"])
+def test_a_party_whose_labels_name_other_classes_is_named_by_its_peers(one_thread, dataset):
+    """A party that permutes its classes (label-flip), on the MNIST and CIFAR-10 slices at tau 1: a ridge head on
+    mixed rows does not contradict it here, the other parties' class means do; an honest party of the same
+    classes is never named with it (the permuted party pulls their means), nor a party under its own acquisition."""
+    settings = load_settings({"preset": "configs/quickstart.yaml", "dataset": dataset})
+    uploads = [prepare_upload(settings, p, PARTIES) for p in range(PARTIES)]
+    evidence = examine_all(settings, uploads)
+    assert plausibility.quarantine(evidence, settings) == []
+    arrays, metrics = corrupt("label-flip", uploads[BAD].arrays, uploads[BAD].metrics, 0.0,
+                              generator(0, BAD, "fault"))
+    evidence[BAD] = plausibility.examine(BAD, arrays["x"], arrays["y"], metrics, settings)
+    assert plausibility.disagreements(evidence) == []  # the ridge head of labels-vs-inputs sees nothing wrong
+    verdicts = plausibility.quarantine(evidence, settings)
+    assert [(v["party"], v["check"]) for v in verdicts] == [(BAD, "labels-vs-peers")], verdicts
+    scores = plausibility.alignment(evidence)
+    assert scores[BAD] < 0.2 < plausibility.PEER_SIGNAL < np.median(list(scores.values()))
+    shifted = load_settings({"preset": "configs/quickstart.yaml", "dataset": dataset, "feature-skew": 1.0})
+    honest = examine_all(shifted, [prepare_upload(shifted, p, PARTIES) for p in range(PARTIES)])
+    assert plausibility.misaligned(honest) == []
+
+
 def test_an_upload_that_breaks_the_encoder_or_its_report_is_named(quickstart):
     settings, uploads, _ = quickstart
     honest = uploads[BAD]
@@ -265,6 +287,7 @@ def test_tiny_tau_hides_the_labels_and_the_label_checks_abstain():
     evidence = examine_all(settings, uploads)
     scores = plausibility.agreement(evidence)
     assert np.median([(a.expected - a.chance) / a.rows for a in scores.values()]) < plausibility.SIGNAL
+    assert np.median(list(plausibility.alignment(evidence).values())) < plausibility.PEER_SIGNAL
     garbage, _ = corrupt("garbage", uploads[1].arrays, uploads[1].metrics, generator=generator(0, 1, "fault"))
     evidence[1] = plausibility.examine(1, garbage["x"], garbage["y"], uploads[1].metrics, settings)
     assert plausibility.quarantine(evidence, settings) == []
