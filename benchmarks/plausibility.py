@@ -139,6 +139,7 @@ def examine_honest(overrides: dict, parties: int) -> dict:
         "outside-vs-allowed": [round(e.outside / max(plausibility.domain_allowance(u.metrics, settings), 1e-12), 3)
                                for e, u in zip(evidence, uploads)],
         "energy-ratio": [round(e.energy / e.expected, 4) for e in evidence if e.expected],
+        "peer-alignment": {p: round(a, 3) for p, a in plausibility.alignment(evidence).items()},
         "seconds": {"encode": t_encode, "checks": time.perf_counter() - t0 - t_encode},
     }
 
@@ -178,6 +179,7 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
         "agreement-lift": {p: round((a.expected - a.chance) / a.rows, 3) for p, a in scores.items() if a.rows},
         "structure-excess": {p: round(share - iso, 3) for shares, iso in [plausibility.structure(evidence)]
                              for p, (share, _) in shares.items()},
+        "peer-alignment": {p: round(a, 3) for p, a in plausibility.alignment(evidence).items()},
         "clipped-rows": int((distances > view.bound).sum()),  # robust-training clip on these honest rows
         "rows": len(union),
         "median-D": sorted(float(u.metrics["D"]) for u in uploads)[parties // 2],
@@ -207,6 +209,7 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
             shares, isotropic = plausibility.structure(faulty)
             row["faults"][name]["agreement-shortfall"] = round(scores[BAD].shortfall, 3) if scores[BAD].rows else None
             row["faults"][name]["structure-excess"] = round(shares[BAD][0] - isotropic, 3)
+            row["faults"][name]["peer-alignment"] = plausibility.alignment(faulty).get(BAD)
     return row
 
 
@@ -274,6 +277,7 @@ def main() -> None:
                 print(f"{dataset}: {label}: quarantined {[q['party'] for q in row['honest-quarantined']]}; "
                       f"flags {flagged or 'none'}; spread/median {min(row['spread-vs-median']):.2f}.."
                       f"{max(row['spread-vs-median']):.2f}; outside/allowed max {max(row['outside-vs-allowed']):.2f}; "
+                      f"peers {min(row['peer-alignment'].values(), default=float('nan')):.2f}; "
                       f"rows {min(row['rows-per-party'])}..{max(row['rows-per-party'])}; "
                       f"{row['seconds']['encode'] + row['seconds']['checks']:.0f}s", flush=True)
                 write(name, {"command": "benchmarks/plausibility.py --group heterogeneity", **count(results),
@@ -286,12 +290,13 @@ def main() -> None:
             results[f"{dataset}: {label}"] = row
             caught = {name: f["check"] if f["caught"] else "MISSED" for name, f in row["faults"].items()}
             span = {key: (min(row[key].values()), max(row[key].values()))
-                    for key in ("agreement-shortfall", "structure-excess")}
+                    for key in ("agreement-shortfall", "structure-excess", "peer-alignment")}
             energy = (min(row["energy-ratio"], default=0), max(row["energy-ratio"], default=0))
             print(f"{dataset}: {label}: honest quarantined {len(row['honest-quarantined'])}; {caught}; "
                   f"energy ratio {energy[0]:.3f}..{energy[1]:.3f}; shortfall {span['agreement-shortfall'][0]:.2f}.."
                   f"{span['agreement-shortfall'][1]:.2f}; structure {span['structure-excess'][0]:.2f}.."
-                  f"{span['structure-excess'][1]:.2f}; clip {row['clipped-rows']}/{row['rows']} rows; "
+                  f"{span['structure-excess'][1]:.2f}; peers {span['peer-alignment'][0]:.2f}.."
+                  f"{span['peer-alignment'][1]:.2f}; clip {row['clipped-rows']}/{row['rows']} rows; "
                   f"{row['seconds']['checks']:.1f}s checks", flush=True)
     summary = count(results)
     print(summary, rates(results))

@@ -42,12 +42,14 @@ Across parties (`quarantine`, after every upload arrived; the last two need at l
   of rows and labels over the label mass, as `lda` recovers the union's), against the other parties' class means:
   honest class means point where the others' means of the same classes point, a party whose labels name other
   classes than its inputs hold (a permutation, a relabelled class) has class means that point to other classes'.
-  Inner products of the two parties' independent estimates are unbiased by either's noise; the party's acquisition
-  offset (its overall mean against the one its labels imply under the others' means) is removed first, so a
-  darker or blurrier camera keeps its alignment. Decided only when the parties' class means are resolved (the
-  median party's alignment at least PEER_SIGNAL; at small tau one party's class means are below the noise and the
-  check abstains), and flags a party aligned less than half as well as the median party, by more than SPREAD_Z
-  robust standard deviations of the parties' values (parties that differ in acquisition or labels spread them).
+  Inner products of the two sides' independent estimates are unbiased by either's noise; the party's class means
+  are moved by its acquisition offset (its overall mean against the mean its label mix has among the others'), so
+  a darker or blurrier camera keeps its alignment, and a party that holds a single class is not judged (its one
+  class mean is its overall mean: nothing of its labels is left).
+  Decided only when the parties' class means are resolved (the median party's alignment at least PEER_SIGNAL;
+  at small tau one party's class means are below the noise and the check abstains), and flags a party aligned
+  less than half as well as the median party, by more than SPREAD_Z robust standard deviations of the parties'
+  values (parties that differ in acquisition or labels spread them).
 - `structure`: real encodings put a good share of their (centred) energy into the few principal directions
   the parties' rows share; random values spread it over every direction (the sphere noise of a small tau
   does too, and then the check abstains). Catches garbage whose mean alone carries the party's classes
@@ -93,6 +95,7 @@ FALSE_ALARM = 1e-3  # ... where so few hits have a chance below this / the numbe
 SPREAD_Z = 5.0  # ... and by more than 5 robust standard deviations (1.4826 MAD) of the parties' values
 PEER_SIGNAL = 0.6  # labels-vs-peers decides only when the median party's alignment is at least this ...
 PEER_GAP = 0.5  # ... and flags a party aligned less than this x the median, by more than SPREAD_Z robust std devs
+PEER_JUDGED = 5  # ... among at least this many parties it can judge (a spread of three values says nothing)
 STRUCTURE_K = 10  # principal directions shared by the parties' rows
 STRUCTURE_SIGNAL = 0.06  # structure decides only when the median party's share beats the isotropic k/d by this
 STRUCTURE_GAP = 0.5  # ... and flags a party whose excess share is below half the median's, by more than
@@ -471,28 +474,29 @@ def class_offsets(label_sums: np.ndarray, class_sums: np.ndarray, row_sum: np.nd
 
 def alignment(evidence: list[Evidence]) -> dict[int, float]:
     """Per party: how well its class means point where the other parties' means of the same classes point, as
-    sum_c m_c <a_c, b_c> / sum_c m_c max_c' <a_c, b_c'> over the classes both hold MIN_CLASS_ROWS of label mass
-    (m_c: the party's mass of class c; a: its class means less its acquisition offset, b: the others' pooled class
-    means, both about the others' overall mean). 1: every class points to its own; a permuted party near 0 or
-    below. Parties with no class held on both sides are left out."""
+    sum_c m_c <a_c, b_c> / sum_c m_c max_c' <a_c, b_c'> over the classes both sides hold MIN_CLASS_ROWS of label
+    mass (m_c: the party's mass of class c). b: the others' pooled class means about their overall mean; a: the
+    party's class means about its own overall mean, plus the mean its label mix has among the others' (so an
+    acquisition offset common to its rows drops out). A class a party holds nearly alone of its rows is its
+    overall mean and says nothing of its labels: a party is judged only when its classes carry MIN_CLASS_ROWS of
+    label mass beyond that (sum_c m_c (1 - share_c)); a party of one class is not. 1: every class points to its
+    own; a permuted party near 0 or below."""
     total_labels = sum(e.label_sums for e in evidence)
     total_classes = sum(e.class_sums for e in evidence)
     total_rows, total_sum = sum(e.rows for e in evidence), sum(e.row_sum for e in evidence)
     out = {}
     for e in evidence:
-        their_labels, their_rows = total_labels - e.label_sums, total_rows - e.rows
-        their_sum = total_sum - e.row_sum
-        theirs = class_offsets(their_labels, total_classes - e.class_sums, their_sum, their_rows)
-        share = e.label_sums / max(float(e.label_sums.sum()), 1e-12)  # its label prior
-        # its means about its own overall mean, moved to where its labels put it among the others' means: what is
-        # left is the class structure, not the camera (an offset common to its rows)
+        their_labels = total_labels - e.label_sums
+        theirs = class_offsets(their_labels, total_classes - e.class_sums, total_sum - e.row_sum,
+                               total_rows - e.rows)
+        share = e.label_sums / max(float(e.label_sums.sum()), 1e-12)  # its label mix
         mine = class_offsets(e.label_sums, e.class_sums, e.row_sum, e.rows) + share @ theirs
         known = their_labels >= MIN_CLASS_ROWS  # classes the others' means place
         held = np.flatnonzero((e.label_sums >= MIN_CLASS_ROWS) & known)  # ... and the party's own do too
-        if not len(held):
+        mass = e.label_sums[held]
+        if float(mass @ (1 - share[held])) < MIN_CLASS_ROWS:  # (nearly) one class: nothing to judge
             continue
         inner = np.where(known, mine[held] @ theirs.T, -np.inf)  # its class c against every class c' they place
-        mass = e.label_sums[held]
         denominator = float(mass @ inner.max(axis=1))
         if denominator > 0:
             out[e.party] = float(mass @ inner[np.arange(len(held)), held]) / denominator
@@ -507,7 +511,7 @@ def misaligned(evidence: list[Evidence]) -> list[dict]:
     verdicts, left = [], list(evidence)
     while len(left) >= MIN_PEERS:
         scores = alignment(left)
-        if len(scores) < MIN_PEERS:
+        if len(scores) < PEER_JUDGED:
             break
         median = float(np.median(list(scores.values())))
         if median < PEER_SIGNAL:  # one party's class means are not resolved (small tau): no decision
