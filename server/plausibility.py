@@ -25,7 +25,7 @@ Per upload (`examine`, flat guard clauses like validation.py):
   E[w^2] from trainers.weight_moments(alpha). Flagged outside [1/2, 2] and beyond 4 standard errors of the
   measured mean (a party of a handful of rows cannot be judged finely).
 
-Across parties (`quarantine`, after every upload arrived; the last two need at least MIN_PEERS parties):
+Across parties (`quarantine`, after every upload arrived; all but `replay` need at least MIN_PEERS parties):
 - `replay`: rows that (nearly) repeat another party's: a random projection of every row, nearest rows of
   each earlier-arrived party. Content cannot tell which of two copies is the original: the upload that
   arrived first is kept and the later one quarantined, naming both.
@@ -124,7 +124,7 @@ class Evidence:
     fit_x: np.ndarray  # (<= FIT_ROWS, <= FIT_DIM) rows for the labels-vs-inputs and structure checks
     fit_y: np.ndarray
     label_sums: np.ndarray  # (C,) every row's soft labels summed: each class's label mass
-    class_sums: np.ndarray  # (C, <= FIT_DIM) Y'X over every row, projected as fit_x (classes without mass: 0)
+    class_sums: np.ndarray  # (C, <= FIT_DIM) Y'X over every row, projected as fit_x, float32 (no mass: 0)
     row_sum: np.ndarray  # (<= FIT_DIM,) every row summed, projected as fit_x
     problem: Implausible | None = None  # the upload's own checks
 
@@ -482,15 +482,15 @@ def alignment(evidence: list[Evidence]) -> dict[int, float]:
     label mass beyond that (sum_c m_c (1 - share_c)); a party of one class is not. 1: every class points to its
     own; a permuted party near 0 or below."""
     total_labels = sum(e.label_sums for e in evidence)
-    total_classes = sum(e.class_sums for e in evidence)
+    total_classes = sum(e.class_sums.astype(np.float64) for e in evidence)
     total_rows, total_sum = sum(e.rows for e in evidence), sum(e.row_sum for e in evidence)
     out = {}
     for e in evidence:
         their_labels = total_labels - e.label_sums
-        theirs = class_offsets(their_labels, total_classes - e.class_sums, total_sum - e.row_sum,
+        theirs = class_offsets(their_labels, total_classes - e.class_sums.astype(np.float64), total_sum - e.row_sum,
                                total_rows - e.rows)
         share = e.label_sums / max(float(e.label_sums.sum()), 1e-12)  # its label mix
-        mine = class_offsets(e.label_sums, e.class_sums, e.row_sum, e.rows) + share @ theirs
+        mine = class_offsets(e.label_sums, e.class_sums.astype(np.float64), e.row_sum, e.rows) + share @ theirs
         known = their_labels >= MIN_CLASS_ROWS  # classes the others' means place
         held = np.flatnonzero((e.label_sums >= MIN_CLASS_ROWS) & known)  # ... and the party's own do too
         mass = e.label_sums[held]
@@ -608,7 +608,7 @@ def _class_sums(flat, y: np.ndarray, matrix: np.ndarray | None,
         rows = rows if matrix is None else rows @ matrix
         class_sums += labels[start : start + block].T @ rows
         row_sum += rows.sum(axis=0)
-    return labels.sum(axis=0), class_sums, row_sum
+    return labels.sum(axis=0), class_sums.astype(np.float32), row_sum  # float32: C x 512 values a party
 
 
 def _outside(flat, lo: np.ndarray, hi: np.ndarray) -> float:
