@@ -289,7 +289,7 @@ def main() -> None:
             median_d = median_d or row["median-D"]
             results[f"{dataset}: {label}"] = row
             caught = {name: f["check"] if f["caught"] else "MISSED" for name, f in row["faults"].items()}
-            span = {key: (min(row[key].values()), max(row[key].values()))
+            span = {key: (min(row[key].values(), default=float("nan")), max(row[key].values(), default=float("nan")))
                     for key in ("agreement-shortfall", "structure-excess", "peer-alignment")}
             energy = (min(row["energy-ratio"], default=0), max(row["energy-ratio"], default=0))
             print(f"{dataset}: {label}: honest quarantined {len(row['honest-quarantined'])}; {caught}; "
