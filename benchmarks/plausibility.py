@@ -139,7 +139,8 @@ def examine_honest(overrides: dict, parties: int) -> dict:
         "outside-vs-allowed": [round(e.outside / max(plausibility.domain_allowance(u.metrics, settings), 1e-12), 3)
                                for e, u in zip(evidence, uploads)],
         "energy-ratio": [round(e.energy / e.expected, 4) for e in evidence if e.expected],
-        "peer-alignment": {p: round(a, 3) for p, a in plausibility.alignment(evidence).items()},
+        "peer-alignment": {p: round(a.score, 3) for p, a in plausibility.alignment(evidence).items()},
+        "peer-alignment-error": {p: round(a.error, 3) for p, a in plausibility.alignment(evidence).items()},
         "seconds": {"encode": t_encode, "checks": time.perf_counter() - t0 - t_encode},
     }
 
@@ -179,7 +180,8 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
         "agreement-lift": {p: round((a.expected - a.chance) / a.rows, 3) for p, a in scores.items() if a.rows},
         "structure-excess": {p: round(share - iso, 3) for shares, iso in [plausibility.structure(evidence)]
                              for p, (share, _) in shares.items()},
-        "peer-alignment": {p: round(a, 3) for p, a in plausibility.alignment(evidence).items()},
+        "peer-alignment": {p: round(a.score, 3) for p, a in plausibility.alignment(evidence).items()},
+        "peer-alignment-error": {p: round(a.error, 3) for p, a in plausibility.alignment(evidence).items()},
         "clipped-rows": int((distances > view.bound).sum()),  # robust-training clip on these honest rows
         "rows": len(union),
         "median-D": sorted(float(u.metrics["D"]) for u in uploads)[parties // 2],
@@ -209,7 +211,8 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
             shares, isotropic = plausibility.structure(faulty)
             row["faults"][name]["agreement-shortfall"] = round(scores[BAD].shortfall, 3) if scores[BAD].rows else None
             row["faults"][name]["structure-excess"] = round(shares[BAD][0] - isotropic, 3)
-            row["faults"][name]["peer-alignment"] = plausibility.alignment(faulty).get(BAD)
+            judged = plausibility.alignment(faulty).get(BAD)
+            row["faults"][name]["peer-alignment"] = (judged.score, judged.error) if judged else None
     return row
 
 

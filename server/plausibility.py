@@ -46,10 +46,13 @@ Across parties (`quarantine`, after every upload arrived; all but `replay` need 
   are moved by its acquisition offset (its overall mean against the mean its label mix has among the others'), so
   a darker or blurrier camera keeps its alignment, and a party that holds a single class is not judged (its one
   class mean is its overall mean: nothing of its labels is left).
-  Decided only when the parties' class means are resolved (the median party's alignment at least PEER_SIGNAL;
-  at small tau one party's class means are below the noise and the check abstains), and flags a party aligned
+  Decided only when the parties' class means are resolved (the median party's alignment at least PEER_SIGNAL and
+  its standard error at most PEER_NOISE; at small tau one party's class means are below the noise and the check
+  abstains: a median inflated by parties of one dominant class, whose alignment is near 1 by construction, does
+  not make it decide), and flags a party aligned
   less than half as well as the median party, by more than SPREAD_Z robust standard deviations of the parties'
-  values (parties that differ in acquisition or labels spread them).
+  values (parties that differ in acquisition or labels spread them) and by more than PEER_SIGMAS standard errors
+  of its own (the noise of its class means: a party of few rows per class at small tau is noisy, not lying).
 - `structure`: real encodings put a good share of their (centred) energy into the few principal directions
   the parties' rows share; random values spread it over every direction (the sphere noise of a small tau
   does too, and then the check abstains). Catches garbage whose mean alone carries the party's classes
@@ -94,8 +97,10 @@ AGREEMENT_GAP = 0.5  # ... and flags a party that misses more than half of its e
 FALSE_ALARM = 1e-3  # ... where so few hits have a chance below this / the number of parties judged (Chernoff)
 SPREAD_Z = 5.0  # ... and by more than 5 robust standard deviations (1.4826 MAD) of the parties' values
 PEER_SIGNAL = 0.6  # labels-vs-peers decides only when the median party's alignment is at least this ...
+PEER_NOISE = 0.05  # ... and the median party's standard error of it at most this ...
 PEER_GAP = 0.5  # ... and flags a party aligned less than this x the median, by more than SPREAD_Z robust std devs
-PEER_JUDGED = 5  # ... among at least this many parties it can judge (a spread of three values says nothing)
+PEER_JUDGED = 5  # ... among at least this many parties it can judge (a spread of three values says nothing),
+PEER_SIGMAS = 4.0  # ... and by more than 4 standard errors of its own alignment
 STRUCTURE_K = 10  # principal directions shared by the parties' rows
 STRUCTURE_SIGNAL = 0.06  # structure decides only when the median party's share beats the isotropic k/d by this
 STRUCTURE_GAP = 0.5  # ... and flags a party whose excess share is below half the median's, by more than
@@ -472,7 +477,15 @@ def class_offsets(label_sums: np.ndarray, class_sums: np.ndarray, row_sum: np.nd
     return centred / np.maximum(label_sums, 1e-12)[:, None]
 
 
-def alignment(evidence: list[Evidence]) -> dict[int, float]:
+@dataclass
+class Alignment:
+    """How well one party's class means point where the other parties' means of the same classes point."""
+
+    score: float  # 1: every class to its own; a permuted party near 0 or below
+    error: float  # its standard error from the noise of the party's class means (its rows' spread over their mass)
+
+
+def alignment(evidence: list[Evidence]) -> dict[int, Alignment]:
     """Per party: how well its class means point where the other parties' means of the same classes point, as
     sum_c m_c <a_c, b_c> / sum_c m_c max_c' <a_c, b_c'> over the classes both sides hold MIN_CLASS_ROWS of label
     mass (m_c: the party's mass of class c). b: the others' pooled class means about their overall mean; a: the
@@ -480,7 +493,8 @@ def alignment(evidence: list[Evidence]) -> dict[int, float]:
     acquisition offset common to its rows drops out). A class a party holds nearly alone of its rows is its
     overall mean and says nothing of its labels: a party is judged only when its classes carry MIN_CLASS_ROWS of
     label mass beyond that (sum_c m_c (1 - share_c)); a party of one class is not. 1: every class points to its
-    own; a permuted party near 0 or below."""
+    own; a permuted party near 0 or below. Its error: each class mean's noise per coordinate is at most the
+    party's spread per coordinate (energy / k) over the class's label mass, carried through the numerator."""
     total_labels = sum(e.label_sums for e in evidence)
     total_classes = sum(e.class_sums.astype(np.float64) for e in evidence)
     total_rows, total_sum = sum(e.rows for e in evidence), sum(e.row_sum for e in evidence)
@@ -499,7 +513,9 @@ def alignment(evidence: list[Evidence]) -> dict[int, float]:
         inner = np.where(known, mine[held] @ theirs.T, -np.inf)  # its class c against every class c' they place
         denominator = float(mass @ inner.max(axis=1))
         if denominator > 0:
-            out[e.party] = float(mass @ inner[np.arange(len(held)), held]) / denominator
+            noise = e.energy / mine.shape[1] * float(mass @ (theirs[held] ** 2).sum(axis=1))  # var of the numerator
+            out[e.party] = Alignment(float(mass @ inner[np.arange(len(held)), held]) / denominator,
+                                     math.sqrt(noise) / denominator)
     return out
 
 
@@ -510,15 +526,17 @@ def misaligned(evidence: list[Evidence]) -> list[dict]:
     misaligned in turn."""
     verdicts, left = [], list(evidence)
     while len(left) >= MIN_PEERS:
-        scores = alignment(left)
-        if len(scores) < PEER_JUDGED:
+        judged = alignment(left)
+        if len(judged) < PEER_JUDGED:
             break
+        scores = {p: a.score for p, a in judged.items()}
         median = float(np.median(list(scores.values())))
-        if median < PEER_SIGNAL:  # one party's class means are not resolved (small tau): no decision
-            break
+        if median < PEER_SIGNAL or np.median([a.error for a in judged.values()]) > PEER_NOISE:
+            break  # the parties' class means are not resolved (small tau, few rows a class): no decision
         spread = _robust_spread(list(scores.values()))
         party, score = min(scores.items(), key=lambda item: item[1])
-        if not (score < PEER_GAP * median and median - score > SPREAD_Z * spread):
+        if not (score < PEER_GAP * median and median - score > SPREAD_Z * spread
+                and 1 - score > PEER_SIGMAS * judged[party].error):  # its own noise does not explain it
             break
         verdicts.append(_verdict(Implausible(
             party, "labels-vs-peers",

@@ -259,7 +259,7 @@ def test_a_party_whose_labels_name_other_classes_is_named_by_its_peers(one_threa
     assert plausibility.disagreements(evidence) == []  # the ridge head of labels-vs-inputs sees nothing wrong
     verdicts = plausibility.quarantine(evidence, settings)
     assert [(v["party"], v["check"]) for v in verdicts] == [(BAD, "labels-vs-peers")], verdicts
-    scores = plausibility.alignment(evidence)
+    scores = {p: a.score for p, a in plausibility.alignment(evidence).items()}
     assert scores[BAD] < 0.2 < plausibility.PEER_SIGNAL < np.median(list(scores.values()))
     shifted = load_settings({"preset": "configs/quickstart.yaml", "dataset": dataset, "feature-skew": 1.0})
     honest = examine_all(shifted, [prepare_upload(shifted, p, PARTIES) for p in range(PARTIES)])
@@ -288,7 +288,7 @@ def test_tiny_tau_hides_the_labels_and_the_label_checks_abstain():
     evidence = examine_all(settings, uploads)
     scores = plausibility.agreement(evidence)
     assert np.median([(a.expected - a.chance) / a.rows for a in scores.values()]) < plausibility.SIGNAL
-    assert np.median(list(plausibility.alignment(evidence).values())) < plausibility.PEER_SIGNAL
+    assert np.median([a.score for a in plausibility.alignment(evidence).values()]) < plausibility.PEER_SIGNAL
     garbage, _ = corrupt("garbage", uploads[1].arrays, uploads[1].metrics, generator=generator(0, 1, "fault"))
     evidence[1] = plausibility.examine(1, garbage["x"], garbage["y"], uploads[1].metrics, settings)
     assert plausibility.quarantine(evidence, settings) == []
