@@ -100,7 +100,7 @@ def described(res: dict) -> dict[str, str]:
         for choice in res["chosen-per-party"].values():
             key = _setting({k: v for k, v in choice.items() if k != "validation-accuracy"})
             picks[key] = picks.get(key, 0) + 1
-        out["chosen"] = "; ".join(f"{key} ({count} parties)" for key, count in picks.items())
+        out["chosen"] = "; ".join(f"{key} ({count} part{'y' if count == 1 else 'ies'})" for key, count in picks.items())
     return out
 
 

@@ -131,3 +131,18 @@ def test_what_crafted_candidates_learn_is_the_class_histogram_and_the_cap_stops_
     assert tuning.query_cap(settings) == 6 < len(crafted)
     with pytest.raises(QueryRefused):  # the handler asks before it scores: the whole query is refused
         spend_queries(settings, context, 0, len(crafted))
+
+
+def test_a_results_entry_describes_its_selection_for_the_tables():
+    """What a grid cell and a frontier row print of a strategy's selection: the setting with its stopping round, or
+    each party's own choice with how many parties made it; nothing for an entry without a tuning budget."""
+    from fedsmix.tuning import described
+
+    federated = {"tuning-budget": 6, "tried": [{}] * 6, "chosen": {"client-lr": 0.05, "local-epochs": 2},
+                 "stopped-at": 8}
+    assert described(federated) == {"tuning": "6 tried, budget 6", "chosen": "client-lr=0.05 local-epochs=2, round 8"}
+    local = {"tuning-budget": 6, "tried": [{}] * 5, "chosen-per-party": {
+        "0": {"lr": 0.01, "validation-accuracy": 0.5}, "1": {"lr": 0.003}, "2": {"lr": 0.003}}}
+    assert described(local) == {"tuning": "5 tried, budget 6", "chosen": "lr=0.01 (1 party); lr=0.003 (2 parties)"}
+    assert described({"tuning-budget": 6, "tried": ["mlp"], "chosen": "mlp"})["chosen"] == "mlp"
+    assert described({"accuracy": 0.9}) == {}
