@@ -139,10 +139,16 @@ def examine_honest(overrides: dict, parties: int) -> dict:
         "outside-vs-allowed": [round(e.outside / max(plausibility.domain_allowance(u.metrics, settings), 1e-12), 3)
                                for e, u in zip(evidence, uploads)],
         "energy-ratio": [round(e.energy / e.expected, 4) for e in evidence if e.expected],
-        "peer-alignment": {p: round(a.score, 3) for p, a in plausibility.alignment(evidence).items()},
-        "peer-alignment-error": {p: round(a.error, 3) for p, a in plausibility.alignment(evidence).items()},
+        **peer_alignment(evidence),
         "seconds": {"encode": t_encode, "checks": time.perf_counter() - t0 - t_encode},
     }
+
+
+def peer_alignment(evidence: list) -> dict[str, dict]:
+    """Every judged party's labels-vs-peers alignment and its standard error (one pass of the check's statistic)."""
+    judged = plausibility.alignment(evidence)
+    return {"peer-alignment": {p: round(a.score, 3) for p, a in judged.items()},
+            "peer-alignment-error": {p: round(a.error, 3) for p, a in judged.items()}}
 
 
 def rates(rows: dict) -> dict[str, dict]:
@@ -180,8 +186,7 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
         "agreement-lift": {p: round((a.expected - a.chance) / a.rows, 3) for p, a in scores.items() if a.rows},
         "structure-excess": {p: round(share - iso, 3) for shares, iso in [plausibility.structure(evidence)]
                              for p, (share, _) in shares.items()},
-        "peer-alignment": {p: round(a.score, 3) for p, a in plausibility.alignment(evidence).items()},
-        "peer-alignment-error": {p: round(a.error, 3) for p, a in plausibility.alignment(evidence).items()},
+        **peer_alignment(evidence),
         "clipped-rows": int((distances > view.bound).sum()),  # robust-training clip on these honest rows
         "rows": len(union),
         "median-D": sorted(float(u.metrics["D"]) for u in uploads)[parties // 2],

@@ -94,17 +94,24 @@ def described(res: dict) -> dict[str, str]:
         return {}
     out = {"tuning": f"{len(res.get('tried') or [])} tried, budget {res['tuning-budget']}"}
     if "chosen" in res:
-        out["chosen"] = _setting(res["chosen"]) + (f", round {res['stopped-at']}" if "stopped-at" in res else "")
+        out["chosen"] = setting_text(res["chosen"]) + (f", round {res['stopped-at']}" if "stopped-at" in res else "")
     elif "chosen-per-party" in res:  # each party chose alone
-        picks: dict[str, int] = {}
-        for choice in res["chosen-per-party"].values():
-            key = _setting({k: v for k, v in choice.items() if k != "validation-accuracy"})
-            picks[key] = picks.get(key, 0) + 1
-        out["chosen"] = "; ".join(f"{key} ({count} part{'y' if count == 1 else 'ies'})" for key, count in picks.items())
+        out["chosen"] = "; ".join(f"{key} ({count} part{'y' if count == 1 else 'ies'})"
+                                  for key, count in party_choices(res).items())
     return out
 
 
-def _setting(setting) -> str:
+def party_choices(res: dict) -> dict[str, int]:
+    """Where each party chose alone (local-only): each setting chosen, as text, and how many parties chose it."""
+    picks: dict[str, int] = {}
+    for choice in res.get("chosen-per-party", {}).values():
+        key = setting_text({k: v for k, v in choice.items() if k != "validation-accuracy"})
+        picks[key] = picks.get(key, 0) + 1
+    return picks
+
+
+def setting_text(setting) -> str:
+    """A setting as one line of text: `key=value ...` (a trainer candidate's name as it is)."""
     if not isinstance(setting, dict):
         return str(setting)
     return " ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}" for k, v in setting.items())

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fedsmix import tuning
 from fedsmix.runs import atomic_write_json
 
 
@@ -62,10 +63,6 @@ def _legend(console: Console, lines: tuple[str, ...]) -> None:
         console.print(f"  {line}", style="dim", highlight=False)
 
 
-def _setting(setting) -> str:
-    return setting if isinstance(setting, str) else " ".join(f"{k} {v:g}" for k, v in setting.items())
-
-
 def tuning_line(name: str, res: dict) -> str:
     """What a strategy's selection chose, and from what (nothing when it ran its configured setting only)."""
     tried, budget = res.get("tried") or [], res.get("tuning-budget")
@@ -73,16 +70,13 @@ def tuning_line(name: str, res: dict) -> str:
         return ""
     how = f"of {len(tried)} tried (tuning budget {budget}), on the parties' validation splits"
     if "chosen-per-party" in res:
-        picks = {}
-        for choice in res["chosen-per-party"].values():
-            key = _setting({k: v for k, v in choice.items() if k != "validation-accuracy"})
-            picks[key] = picks.get(key, 0) + 1
+        picks = tuning.party_choices(res)
         return f"{name}: each party chose alone {how}: " + ", ".join(f"{k} ({n})" for k, n in picks.items())
     scores = res.get("selection", {}).get("validation-accuracy") or dict(
-        zip(map(_setting, tried), res.get("tried-validation-accuracy", []), strict=False))
-    scored = ", ".join(f"{_setting(k)} {_pct(v)}" for k, v in scores.items())
+        zip(map(tuning.setting_text, tried), res.get("tried-validation-accuracy", []), strict=False))
+    scored = ", ".join(f"{tuning.setting_text(k)} {_pct(v)}" for k, v in scores.items())
     stop = f", stopped at round {res['stopped-at']}" if "stopped-at" in res else ""
-    return f"{name}: chose {_setting(res['chosen'])}{stop} {how}: {scored}"
+    return f"{name}: chose {tuning.setting_text(res['chosen'])}{stop} {how}: {scored}"
 
 
 def render(results: dict[str, Any], console: Console | None = None) -> None:

@@ -81,9 +81,7 @@ def summarize(name: str, res: dict) -> dict[str, Any]:
         "parties-used": res.get("parties-used"),
         "error": res.get("error"),
     }
-    row.update(tuning.described(res))  # what the shared selection protocol chose, and from how many (text)
-    if "stopped-at" in res:
-        row["stopped-at"] = res["stopped-at"]
+    row.update(tuning.described(res))  # what the shared selection protocol chose (its stopping round), of how many
     if name == "local-only":
         row["party0-accuracy"] = res.get("party0-accuracy")
         row["mean-party-accuracy"] = res.get("mean-party-accuracy")

@@ -134,8 +134,12 @@ class Moments:
     mean_y: torch.Tensor  # (C,)
     xx: torch.Tensor  # (d, d) covariance
     xy: torch.Tensor  # (d, C) cross-covariance
-    yy: torch.Tensor  # (C,) mean squared label per class (how unevenly the soft labels weight the rows)
-    label_gram: torch.Tensor  # (C, C) Y'Y / n, uncentred (yy is its diagonal)
+    label_gram: torch.Tensor  # (C, C) Y'Y / n, uncentred
+
+    @property
+    def yy(self) -> torch.Tensor:
+        """(C,) mean squared label per class (how unevenly the soft labels weight the rows): label_gram's diagonal."""
+        return torch.diagonal(self.label_gram)
 
     @classmethod
     def of(cls, x, y: np.ndarray, block: int = 4096) -> Moments:
@@ -154,8 +158,7 @@ class Moments:
             sxx.addmm_(xb.T, xb)
             sxy.addmm_(xb.T, yb)
         mx, my = sx / n, sy / n
-        return cls(n, mx, my, sxx / n - torch.outer(mx, mx), sxy / n - torch.outer(mx, my), torch.diagonal(syy) / n,
-                   syy / n)
+        return cls(n, mx, my, sxx / n - torch.outer(mx, mx), sxy / n - torch.outer(mx, my), syy / n)
 
 
 def _flat(rows) -> torch.Tensor:
