@@ -58,8 +58,14 @@ def _settings(msg: Message, context: Context) -> tuple[Settings, int, int]:
 
 
 def _reply(msg: Message, metrics: dict, **records) -> Message:
-    numbers = MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+    numbers = MetricRecord({k: v for k, v in metrics.items() if isinstance(v, int | float) or _numbers(v)})
     return Message(RecordDict({**records, wire.METRICS: numbers}), reply_to=msg)
+
+
+def _numbers(value) -> bool:
+    """A non-empty list of numbers of one type (what a MetricRecord holds besides a number)."""
+    return isinstance(value, list) and bool(value) and len({type(v) for v in value}) == 1 \
+        and isinstance(value[0], int | float)
 
 
 def ray_node() -> dict[str, str]:

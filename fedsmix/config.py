@@ -30,7 +30,7 @@ BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
 FAULT_FAILURES = ("raise", "timeout", "interrupt")
 FAULT_CORRUPTIONS = (
     "nan", "inf", "shape", "dtype", "negative-labels", "label-sum", "class-count", "empty",
-    "oversized", "duplicate", "missing-key", "extra-key", "count-mismatch",
+    "oversized", "duplicate", "missing-key", "extra-key", "count-mismatch", "class-counts",
 )
 # scale: encoded inputs (mixup-union) or the model update (FedAvg/FedProx) times fault-scale; garbage:
 # random inputs with the upload's per-coordinate mean and spread; label-flip: classes permuted (in the

@@ -185,4 +185,6 @@ def corrupt(
         extra["rows"] = np.arange(len(x), dtype=np.float32)  # would leak row indices
     elif kind == "count-mismatch":
         metrics["num-examples"] = len(x) + 1
+    elif kind == "class-counts":  # its validation split's class counts one class short
+        metrics["validation-counts"] = list(metrics.get("validation-counts", [0, 0]))[:-1]
     return {"x": x, "y": y, **extra}, metrics

@@ -78,6 +78,22 @@ def validation_split(settings: Settings, party: int, n: int) -> tuple[np.ndarray
 def load_partition(settings: Settings, party: int, num_parties: int, part: str = "train") -> Partition:
     """A party's rows of the training split in the mixing space: the rows it trains on (`part="train"`), or the
     validation split it keeps for selection (`"validation"`, see `validation_split`)."""
+    raw, rows = _partition_rows(settings, party, num_parties, part)
+    x = to_space(settings, raw, "train", rows, party)
+    labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
+    return Partition(party, x, labels, raw.spec.num_classes, pixel_spec(settings, raw.spec), rows)
+
+
+def validation_counts(settings: Settings, party: int, num_parties: int) -> list[int]:
+    """The class counts of the party's validation split (labels only, nothing loaded into the mixing space): what
+    it reports with its upload, so that the server can hold the upload's label mix against its own clean rows'
+    (server/plausibility.py, `label-mix`). Its upload's soft labels already carry its label mix."""
+    raw, rows = _partition_rows(settings, party, num_parties, "validation")
+    return np.bincount(raw.labels[rows].astype(np.int64), minlength=raw.spec.num_classes).tolist()
+
+
+def _partition_rows(settings: Settings, party: int, num_parties: int, part: str) -> tuple[datalib.RawSplit, np.ndarray]:
+    """The training split and the rows of it that the party's `part` holds."""
     if part not in ("train", "validation"):
         raise ValueError(f"part: unknown {part!r}; allowed: train, validation")
     raw = datalib.load_dataset(settings, "train")
@@ -96,10 +112,7 @@ def load_partition(settings: Settings, party: int, num_parties: int, part: str =
     )
     if subset is not None:
         rows = subset[rows]
-    rows = rows[validation_split(settings, party, len(rows))[0 if part == "train" else 1]]
-    x = to_space(settings, raw, "train", rows, party)
-    labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
-    return Partition(party, x, labels, raw.spec.num_classes, pixel_spec(settings, raw.spec), rows)
+    return raw, rows[validation_split(settings, party, len(rows))[0 if part == "train" else 1]]
 
 
 def pooled_data(settings: Settings, num_parties: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,7 +311,8 @@ def prepare_upload(settings: Settings, party: int, num_parties: int,
     part = load_partition(settings, party, num_parties)
     enc, cal = encode_partition(settings, part, encoder_state=encoder_state)
     arrays = {"x": upload_inputs(enc.x, settings.upload_dtype), "y": enc.y.numpy().astype(np.float32, copy=False)}
-    metrics: dict[str, float | int] = {"party": party, "num-examples": len(enc)}
+    metrics: dict[str, float | int | list[int]] = {"party": party, "num-examples": len(enc),
+                                                   "validation-counts": validation_counts(settings, party, num_parties)}
     if cal is None:  # mixcon: how separable the uploaded representations are
         metrics.update(separability(enc.x, part.labels, generator(settings.seed, party, "separability")))
     else:

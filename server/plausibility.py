@@ -131,6 +131,11 @@ class Evidence:
     label_sums: np.ndarray  # (C,) every row's soft labels summed: each class's label mass
     class_sums: np.ndarray  # (C, <= FIT_DIM) Y'X over every row, projected as fit_x, float32 (no mass: 0)
     row_sum: np.ndarray  # (<= FIT_DIM,) every row summed, projected as fit_x
+    validation_counts: np.ndarray | None = None  # (C,) the class counts of the party's own validation split, reported
+    training_rows: float = 0.0  # the clean rows it encoded: rows / (encodings per sample x (1 - screened share))
+    label_spread: float | None = None  # how far a clean sample's total label weight strays from 1 (None: no bound)
+    screened: float = 0.0  # the share of encodings the run's screen dropped (0 unless `screen` is on)
+    validation_sizes: tuple[int, ...] = ()  # the split sizes its training rows and validation-fraction allow (): any
     problem: Implausible | None = None  # the upload's own checks
 
 
@@ -158,6 +163,7 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
         fit_x=(fit_x if fit_matrix is None else fit_x @ fit_matrix).astype(np.float32),
         fit_y=np.asarray(y[sample], dtype=np.float32),
         label_sums=label_sums, class_sums=class_sums, row_sum=row_sum,
+        **_label_mix_terms(len(flat), metrics, settings),
     )
     try:
         check_upload(evidence, y, metrics, settings)
@@ -336,6 +342,117 @@ def quarantine(evidence: list[Evidence], settings: Settings) -> list[dict]:
     return verdicts
 
 
+def _label_mix_terms(rows: int, metrics: dict, settings: Settings) -> dict:
+    """What `label-mix` needs of an upload: the reported validation counts, the clean rows encoded, and how far the
+    encoder lets a sample's label weight stray. Singularized mixup gives row r weight w_r1 in [1 - alpha, alpha] to
+    its own sample and 1 - w_r1 to its partner, so a class's label mass is its count plus sum_r (w_r1 - E w1)
+    (a_r - b_r), bounded terms of width 2 alpha - 1; one-hot uploads (`none`, `mixcon`) carry the counts exactly;
+    mixup and InstaHide mix public images or many partners, and the check abstains."""
+    counts = metrics.get("validation-counts")
+    screened = float(metrics.get("screened-fraction", 0.0)) if settings.screen != "none" else 0.0
+    spread = {"singularized": 2 * settings.alpha - 1, "none": 0.0, "mixcon": 0.0}.get(settings.encoder)
+    per_sample = settings.encodings_per_sample if settings.encoder == "singularized" else 1
+    screened = min(max(screened, 0.0), 0.99)
+    training = rows / (per_sample * (1.0 - screened))
+    return {
+        "validation_counts": None if counts is None else np.asarray(counts, dtype=np.float64),
+        "training_rows": training, "label_spread": spread, "screened": screened,
+        "validation_sizes": () if screened else tuple(sorted(validation_rows(round(training),
+                                                                             settings.validation_fraction))),
+    }
+
+
+def validation_rows(training_rows: int, fraction: float) -> set[int]:
+    """The validation split sizes a party of `training_rows` rows to train on keeps (`party.validation_split`:
+    ceil(fraction n) of its n rows, at least one left to train on); usually one size, two where n - ceil(fraction n)
+    repeats."""
+    if fraction <= 0:
+        return {0}
+    guess = round(training_rows / (1 - fraction))
+    sizes = set()
+    for n in range(max(1, guess - 3), guess + 4):
+        k = min(math.ceil(fraction * n), n - 1) if n > 1 else 0
+        if n - k == training_rows:
+            sizes.add(k)
+    return sizes
+
+
+@dataclass
+class LabelMix:
+    """The class whose share an upload's label mass and its party's validation split disagree on most."""
+
+    chance: float  # a bound on an honest party's chance of a disagreement this large (1: none)
+    label: int = -1
+    upload_share: float = 0.0
+    validation_share: float = 0.0
+    validation_count: int = 0
+
+
+def label_mix(e: Evidence, delta: float) -> LabelMix:
+    """How plausible the upload's label mix is against the party's own validation split (the module's `label-mix`).
+
+    The validation split is a uniformly random subset of the party's rows; the upload encodes the rest. For class c
+    with K_c of the party's N rows, the split's count v_c is hypergeometric (m draws, mean m K_c / N), and the
+    upload's label share q_c is the rest's share (N p_c - v_c) / (N - m) up to the encoder's weight noise, which
+    Hoeffding's bound keeps within eta = spread sqrt(ln(4 C / delta) / (2 rows)) for every class with chance
+    1 - delta / 2 (plus what a screen that dropped a share s of the rows can move: s / (1 - s)). So K_c / N lies in
+    [(n q_lo + v_c) / N, (n q_hi + v_c) / N] (n the rows encoded); a split share outside it has a chance below
+    Chernoff's exp(-m KL(v_c / m || nearest)) (Hoeffding: it holds for draws without replacement too)."""
+    if e.validation_counts is None or e.label_spread is None:
+        return LabelMix(1.0)
+    counts, total = e.validation_counts, float(e.label_sums.sum())
+    m = float(counts.sum())
+    if m <= 0 or total <= 0:
+        return LabelMix(1.0)
+    classes = len(counts)
+    share = e.label_sums / total
+    eta = e.label_spread * math.sqrt(math.log(4 * classes / delta) / (2 * e.rows)) + e.screened / (1 - e.screened)
+    n = e.training_rows
+    worst = LabelMix(1.0)
+    for c in range(classes):
+        observed = counts[c] / m
+        low = (n * max(share[c] - eta, 0.0) + counts[c]) / (n + m)
+        high = (n * min(share[c] + eta, 1.0) + counts[c]) / (n + m)
+        if low <= observed <= high:
+            continue
+        chance = tail_chance(observed, m, low if observed < low else high)
+        if chance < worst.chance:
+            worst = LabelMix(chance, c, float(share[c]), float(observed), int(counts[c]))
+    return worst
+
+
+def mixed_labels(evidence: list[Evidence]) -> list[dict]:
+    """Parties whose upload's label mix their own validation split contradicts (the module's `label-mix`); a party
+    whose reported split is not the size its training rows and `validation-fraction` give is named too (reporting
+    an empty split would otherwise silence the check)."""
+    delta = FALSE_ALARM / max(len(evidence), 1)
+    verdicts = []
+    for e in evidence:
+        if e.label_spread is None:
+            continue
+        if e.validation_counts is None:
+            verdicts.append(_verdict(Implausible(e.party, "label-mix", "does not report validation-counts")))
+            continue
+        if e.validation_sizes and int(e.validation_counts.sum()) not in e.validation_sizes:
+            verdicts.append(_verdict(Implausible(
+                e.party, "label-mix",
+                f"reports a validation split of {int(e.validation_counts.sum())} rows; a party with its "
+                f"{round(e.training_rows)} training rows keeps {' or '.join(map(str, e.validation_sizes))} "
+                "(validation-fraction)",
+            )))
+            continue
+        mix = label_mix(e, delta)
+        if mix.chance < delta / (4 * len(e.validation_counts)):
+            verdicts.append(_verdict(Implausible(
+                e.party, "label-mix",
+                f"class {mix.label} holds {100 * mix.upload_share:.1f}% of its upload's label mass but "
+                f"{100 * mix.validation_share:.1f}% of its own validation split ({mix.validation_count} of "
+                f"{int(e.validation_counts.sum())} rows): an honest split differs this much with a chance below "
+                f"{mix.chance:.1g}",
+            )))
+    return verdicts
+
+
 def replays(evidence: list[Evidence], block: int = 32_768) -> list[dict]:
     """Uploads whose rows (nearly) repeat an earlier upload's; the earlier one is kept.
 
@@ -464,7 +581,13 @@ def fewer_hits_chance(hits: float, rows: int, expected: float) -> float:
     garbage in 54 rows at chance (16 %) has about e^-54."""
     if rows <= 0 or hits >= expected:
         return 1.0
-    q, p = hits / rows, min(expected / rows, 1 - 1e-12)
+    return tail_chance(hits / rows, rows, expected / rows)
+
+
+def tail_chance(observed: float, rows: float, expected: float) -> float:
+    """Chernoff's bound exp(-rows KL(observed || expected)) on the chance that `rows` draws of a share `expected`
+    land at a share `observed` or beyond it (either side)."""
+    q, p = min(max(observed, 0.0), 1.0), min(max(expected, 1e-300), 1 - 1e-12)
     kl = (q * math.log(q / p) if q > 0 else 0.0) + ((1 - q) * math.log((1 - q) / (1 - p)) if q < 1 else 0.0)
     return math.exp(-rows * kl)
 
@@ -587,8 +710,8 @@ def unstructured(evidence: list[Evidence]) -> list[dict]:
 
 
 UPLOAD_CHECKS = {"report": _report, "labels": _labels, "domain": check_domain, "energy": check_energy}
-CROSS_CHECKS = {"replay": replays, "labels-vs-inputs": disagreements, "labels-vs-peers": misaligned,
-                "structure": unstructured}
+CROSS_CHECKS = {"label-mix": mixed_labels, "replay": replays, "labels-vs-inputs": disagreements,
+                "labels-vs-peers": misaligned, "structure": unstructured}
 
 
 # ------------------------------------------------------------------------------------------ helpers

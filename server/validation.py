@@ -89,6 +89,11 @@ def validate_upload(content: RecordDict, who: str, expect: Expectation, seen_par
         raise UploadRejected(who, "upload.y", f"{len(y)} label rows for {n} samples")
     if int(metrics["num-examples"]) != n:
         raise UploadRejected(who, "metrics.num-examples", f"says {int(metrics['num-examples'])}, upload has {n}")
+    counts = metrics.get("validation-counts")
+    if counts is not None and not (isinstance(counts, list) and len(counts) == expect.num_classes
+                                   and all(isinstance(c, int) and c >= 0 for c in counts)):
+        raise UploadRejected(who, "metrics.validation-counts",
+                             f"expected {expect.num_classes} non-negative class counts, got {counts!r}")
     if not np.isfinite(x).all():
         raise UploadRejected(who, "upload.x", f"{int((~np.isfinite(x)).sum())} non-finite values (NaN/Inf)")
     if not np.isfinite(y).all():

@@ -257,13 +257,59 @@ def test_a_party_whose_labels_name_other_classes_is_named_by_its_peers(one_threa
                               generator(0, BAD, "fault"))
     evidence[BAD] = plausibility.examine(BAD, arrays["x"], arrays["y"], metrics, settings)
     assert plausibility.disagreements(evidence) == []  # the ridge head of labels-vs-inputs sees nothing wrong
+    assert plausibility.mixed_labels(evidence) == []  # its validation split (a few dozen rows) cannot contradict it
     verdicts = plausibility.quarantine(evidence, settings)
     assert [(v["party"], v["check"]) for v in verdicts] == [(BAD, "labels-vs-peers")], verdicts
+    evidence[BAD].validation_counts = None  # a party that hides its split's counts is named for that first
+    assert [v["check"] for v in plausibility.quarantine(evidence, settings)] == ["label-mix"]
     scores = {p: a.score for p, a in plausibility.alignment(evidence).items()}
     assert scores[BAD] < 0.2 < plausibility.PEER_SIGNAL < np.median(list(scores.values()))
     shifted = load_settings({"preset": "configs/quickstart.yaml", "dataset": dataset, "feature-skew": 1.0})
     honest = examine_all(shifted, [prepare_upload(shifted, p, PARTIES) for p in range(PARTIES)])
     assert plausibility.misaligned(honest) == []
+
+
+@pytest.mark.parametrize("tau", [1.0, 1e-3, 1e-6])
+def test_an_uploads_label_mix_is_held_against_its_own_validation_split(one_thread, tau):
+    """label-mix, on the MNIST slice (4 Dirichlet parties keeping a quarter of their rows for validation): no honest
+    party is named at any tau (the noise does not touch the label mass); a party that relabels its commonest class
+    is named at every tau, and so is one that reports a split of the wrong size (an empty split would silence the
+    check). Half a class relabelled is not named here: 281 validation rows cannot tell it from chance."""
+    parties, bad = 4, 0
+    settings = load_settings({"preset": "configs/quickstart.yaml", "dataset": "mnist", "tau": tau,
+                              "validation-fraction": 0.25})
+    uploads = [prepare_upload(settings, p, parties) for p in range(parties)]
+    evidence = examine_all(settings, uploads)
+    assert plausibility.mixed_labels(evidence) == []
+    assert min(plausibility.label_mix(e, plausibility.FALSE_ALARM).chance for e in evidence) > 1e-2
+
+    def named(metrics, arrays=uploads[bad].arrays):
+        faulty = list(evidence)
+        faulty[bad] = plausibility.examine(bad, arrays["x"], arrays["y"], metrics, settings)
+        return plausibility.mixed_labels(faulty)
+
+    for strength, caught in ((0.5, False), (1.0, True)):
+        arrays, metrics = corrupt("label-target", uploads[bad].arrays, uploads[bad].metrics, 0.0,
+                                  generator(0, bad, "fault"), strength)
+        verdicts = named(metrics, arrays)
+        assert [(v["party"], v["check"]) for v in verdicts] == ([(bad, "label-mix")] if caught else []), verdicts
+    assert "of its own validation split" in verdicts[0]["reason"]
+    counts = list(uploads[bad].metrics["validation-counts"])
+    [verdict] = named({**uploads[bad].metrics, "validation-counts": [0] * len(counts)})
+    assert verdict["party"] == bad and "split of 0 rows" in verdict["reason"] and str(sum(counts)) in verdict["reason"]
+
+
+@pytest.mark.parametrize(("population", "drawn", "holders", "seen"),
+                         [(1000, 100, 300, 10), (1000, 100, 300, 55), (200, 20, 10, 6), (5000, 500, 2500, 200)])
+def test_the_label_mix_bound_is_never_below_the_exact_chance(population, drawn, holders, seen):
+    """Chernoff's bound that label-mix applies to a validation split (draws without replacement) is never below the
+    exact hypergeometric tail: an honest party is never called less likely than it is."""
+    from scipy.stats import hypergeom
+
+    expected = holders / population
+    tail = hypergeom.cdf(seen, population, holders, drawn) if seen / drawn < expected else \
+        hypergeom.sf(seen - 1, population, holders, drawn)
+    assert plausibility.tail_chance(seen / drawn, drawn, expected) >= tail * (1 - 1e-9)
 
 
 def test_an_upload_that_breaks_the_encoder_or_its_report_is_named(quickstart):

@@ -93,6 +93,7 @@ def test_bad_uploads_are_rejected_and_the_run_goes_on(runs_dir):
         "missing-key": "upload.y",
         "extra-key": "upload",
         "count-mismatch": "metrics.num-examples",
+        "class-counts": "metrics.validation-counts",
     }
     for party, kind in enumerate(kinds, start=2):
         assert rejected[str(party)]["field"] == expected_field[kind], (kind, rejected[str(party)])
