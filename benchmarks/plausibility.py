@@ -4,7 +4,8 @@ For every setting below, 10 parties prepare their uploads exactly as the ClientA
 (fedsmix.party.prepare_upload: no Flower needed), the server's checks (server/plausibility.py) run on
 them, and every party they quarantine is counted: all of them are honest, so the count must be 0.
 Then party 3's upload is replaced by each dishonest version (the run's fault kinds: scale 100 and 10^4,
-garbage, label-flip, replay) and the script records whether the checks name party 3, and only it.
+garbage, label-flip, label-target (its commonest class relabelled as the next), replay) and the script
+records whether the checks name party 3, and only it.
 
 Settings: digits, MNIST (12,000-image subset), CIFAR-10 pixels (10,000-image subset) and CIFAR-10
 EfficientNet-Lite0 features (64 px; only when the feature cache holds them); partitions iid, Dirichlet
@@ -43,7 +44,8 @@ from fedsmix.trainers import Union, clipped
 from server import plausibility
 
 BAD = 3
-FAULTS = (("scale", 100.0), ("scale", 1e4), ("garbage", 0.0), ("label-flip", 0.0), ("replay", 0.0))
+FAULTS = (("scale", 100.0), ("scale", 1e4), ("garbage", 0.0), ("label-flip", 0.0), ("label-target", 0.0),
+          ("replay", 0.0))
 DATASETS = {
     "digits": {"dataset": "digits"},
     "mnist": {"dataset": "mnist", "train-subset": 12000},
@@ -140,8 +142,21 @@ def examine_honest(overrides: dict, parties: int) -> dict:
                                for e, u in zip(evidence, uploads)],
         "energy-ratio": [round(e.energy / e.expected, 4) for e in evidence if e.expected],
         **peer_alignment(evidence),
+        **label_mix(evidence),
         "seconds": {"encode": t_encode, "checks": time.perf_counter() - t0 - t_encode},
     }
+
+
+def label_mix(evidence: list) -> dict[str, object]:
+    """Every party's label-mix chance (the bound on an honest split differing so much; 1: no disagreement) and the
+    threshold below which the check names a party."""
+    delta = plausibility.FALSE_ALARM / len(evidence)
+    chances = {e.party: plausibility.label_mix(e, delta).chance for e in evidence}
+    classes = next((len(e.validation_counts) for e in evidence if e.validation_counts is not None), 1)
+    return {"label-mix-chance": {p: float(f"{c:.3g}") for p, c in chances.items()},
+            "label-mix-threshold": delta / (4 * classes),
+            "validation-rows": [int(e.validation_counts.sum()) if e.validation_counts is not None else 0
+                                for e in evidence]}
 
 
 def peer_alignment(evidence: list) -> dict[str, dict]:
@@ -187,6 +202,7 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
         "structure-excess": {p: round(share - iso, 3) for shares, iso in [plausibility.structure(evidence)]
                              for p, (share, _) in shares.items()},
         **peer_alignment(evidence),
+        **label_mix(evidence),
         "clipped-rows": int((distances > view.bound).sum()),  # robust-training clip on these honest rows
         "rows": len(union),
         "median-D": sorted(float(u.metrics["D"]) for u in uploads)[parties // 2],
@@ -218,6 +234,7 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
             row["faults"][name]["structure-excess"] = round(shares[BAD][0] - isotropic, 3)
             judged = plausibility.alignment(faulty).get(BAD)
             row["faults"][name]["peer-alignment"] = (judged.score, judged.error) if judged else None
+            row["faults"][name]["label-mix-chance"] = label_mix(faulty)["label-mix-chance"][BAD]
     return row
 
 
@@ -286,6 +303,7 @@ def main() -> None:
                       f"flags {flagged or 'none'}; spread/median {min(row['spread-vs-median']):.2f}.."
                       f"{max(row['spread-vs-median']):.2f}; outside/allowed max {max(row['outside-vs-allowed']):.2f}; "
                       f"peers {min(row['peer-alignment'].values(), default=float('nan')):.2f}; "
+                      f"label-mix min {min(row['label-mix-chance'].values()):.2g}; "
                       f"rows {min(row['rows-per-party'])}..{max(row['rows-per-party'])}; "
                       f"{row['seconds']['encode'] + row['seconds']['checks']:.0f}s", flush=True)
                 write(name, {"command": "benchmarks/plausibility.py --group heterogeneity", **count(results),
@@ -304,7 +322,8 @@ def main() -> None:
                   f"energy ratio {energy[0]:.3f}..{energy[1]:.3f}; shortfall {span['agreement-shortfall'][0]:.2f}.."
                   f"{span['agreement-shortfall'][1]:.2f}; structure {span['structure-excess'][0]:.2f}.."
                   f"{span['structure-excess'][1]:.2f}; peers {span['peer-alignment'][0]:.2f}.."
-                  f"{span['peer-alignment'][1]:.2f}; clip {row['clipped-rows']}/{row['rows']} rows; "
+                  f"{span['peer-alignment'][1]:.2f}; label-mix min {min(row['label-mix-chance'].values()):.2g} "
+                  f"(threshold {row['label-mix-threshold']:.2g}); clip {row['clipped-rows']}/{row['rows']} rows; "
                   f"{row['seconds']['checks']:.1f}s checks", flush=True)
     summary = count(results)
     print(summary, rates(results))

@@ -3,8 +3,9 @@
 One party whose encodings are multiplied by 100 (a misconfigured radius, 0-255 pixels, a malicious
 party) sinks the union from 96.94 % to 57.22 %. The checks below use only what the server legitimately knows:
 the run's settings (encoder, alpha, tau, radius mode), what each party reports with its upload (n, V, D, c,
-m_f, r) and the uploads themselves. A party that fails one is quarantined: its upload is not used, it is named
-with the check and the reason in results.json, and the run goes on (min-parties still applies).
+m_f, r, its validation split's class counts) and the uploads themselves. A party that fails one is quarantined: its
+upload is not used, it is named with the check and the reason in results.json, and the run goes on (min-parties
+still applies).
 
 Per upload (`examine`, flat guard clauses like validation.py):
 - `report`: the reported alpha and tau are the run's; r follows from the reported D, c, tau and alpha as
@@ -25,7 +26,18 @@ Per upload (`examine`, flat guard clauses like validation.py):
   E[w^2] from trainers.weight_moments(alpha). Flagged outside [1/2, 2] and beyond 4 standard errors of the
   measured mean (a party of a handful of rows cannot be judged finely).
 
-Across parties (`quarantine`, after every upload arrived; all but `replay` need at least MIN_PEERS parties):
+Across parties (`quarantine`, after every upload arrived; all but `label-mix` and `replay` need at least MIN_PEERS
+parties):
+- `label-mix`: the upload's label mix against the party's own validation split, whose class counts it reports with
+  the upload (its clean rows, never encoded: a fault in what it uploads does not reach them). The split is a random
+  subset of the party's rows, so each class's share in it is hypergeometric around the party's share, which the
+  upload's label mass carries up to the encoder's bounded weight noise; a class whose two shares differ more than an
+  honest party's would with a chance below FALSE_ALARM / (4 x the classes x the parties) (Chernoff's bound, valid
+  without replacement; half of the budget goes to the weight noise) names the party. The noise of a small tau does
+  not touch the labels: it decides at every tau. It cannot see a party that tells the same lie in both (a consistent
+  liar), nor a label permutation under IID labels (which leaves the mix as it is), and its power grows with the
+  split (a few dozen rows say little). A party whose reported split is not the size its rows and
+  `validation-fraction` give is named too.
 - `replay`: rows that (nearly) repeat another party's: a random projection of every row, nearest rows of
   each earlier-arrived party. Content cannot tell which of two copies is the original: the upload that
   arrived first is kept and the later one quarantined, naming both.
