@@ -73,7 +73,7 @@ FAMILY_VARIANTS = {  # overrides, and the faults each runs (the features run onl
     "digits, tau 1": ({"strategies": "mixup-union", "tau": 1.0}, ("clean", *FAMILIES)),
     "cifar10 features, tau 1e-3": ({"strategies": "mixup-union", "tau": 1e-3, **FEATURES},
                                    ("clean", "scale x3", "scale-report x3", "shift 4", "partial-garbage 0.5", "garbage",
-                                    "label-noise 0.5", "label-flip", "label-target 1", "replay")),
+                                    "label-noise 0.5", "label-flip", "label-target 0.5", "label-target 1", "replay")),
 }
 
 
@@ -132,7 +132,8 @@ def family_table(rows: list[dict]) -> str:
         text = fmt(100 * r["accuracy"], ".2f")
         if r["fault"] != "clean" and r["variant"] in clean:
             text += f" ({100 * (r['accuracy'] - clean[r['variant']]):+.2f})"
-            named = [q for q in r["quarantined"] if q["party"] == BAD]
+            named = [q for q in r["quarantined"] if q["party"] == BAD  # a replay: either copy (the later arrival)
+                     or r["fault"] == "replay" and q["party"] == BAD - 1 and q["check"] == "replay"]
             text += f", caught: {named[0]['check']}" if named else ", not caught"
         line[r["variant"]] = text
     columns = [("fault", "fault family, strength")] + [(v, v) for v in FAMILY_VARIANTS]
@@ -162,7 +163,8 @@ def main() -> None:
             every = {v: fs for v, (_, fs) in (VARIANTS | FAMILY_VARIANTS).items()}
             order = {(v, f): i for i, (v, fs) in enumerate(every.items()) for f in fs}
             done.sort(key=lambda r: order.get((r["variant"], r["fault"]), 1e9))
-            write("robustness", {"command": "benchmarks/robustness.py [--families]", "engine": "direct",
+            write("robustness", {"command": "benchmarks/robustness.py [--families]",
+                                 "engine": "in-process transport (the fault-by-defence table: the former direct one)",
                                  "bad-party": BAD, "parties": PARTIES, "preset": "configs/quickstart.yaml",
                                  "rows": done, "table": table([r for r in done if r["variant"] in VARIANTS]),
                                  "families-table": family_table(done)})
