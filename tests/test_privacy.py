@@ -26,6 +26,7 @@ AGREED_METRICS = {
     "encode-seconds",
     "calibration-variance",  # V_eff of the chosen calibration (V for the scalar one)
     "screened-fraction",  # the share of encodings the party's post-processing screen dropped
+    "validation-counts",  # the class counts of its validation split (label-mix; the upload's labels carry them too)
 }
 
 

@@ -143,6 +143,7 @@ def upload_reply(party: int, rows: int) -> Message:
     """A plausible upload of encoder `none`: random digits-sized images inside the data's valid range, one-hot
     labels, and the V, D and c of those rows."""
     from fedsmix import data as datalib
+    from server.plausibility import validation_rows
 
     ins = Message(RecordDict({}), dst_node_id=100 + party, message_type="query.encode")
     lo, hi = (float(b) for b in datalib.valid_range(datalib.spec("digits")))
@@ -150,8 +151,9 @@ def upload_reply(party: int, rows: int) -> Message:
     y = np.eye(10, dtype=np.float32)[np.arange(rows) % 10]
     upload = ArrayRecord({"x": Array(x), "y": Array(y)})
     V = float(((x.reshape(rows, -1) - x.reshape(rows, -1).mean(0)) ** 2).sum(1).mean())
+    kept = min(validation_rows(rows, load_settings({}).validation_fraction))  # its split, classes as cyclic
     report = {"party": party, "num-examples": rows, "alpha": 0.7, "tau": 1.0, "radius": 0.0, "V": V,
-              "D": (2 * V) ** 0.5, "c": 1.0}
+              "D": (2 * V) ** 0.5, "c": 1.0, "validation-counts": [kept // 10 + (c < kept % 10) for c in range(10)]}
     return Message(RecordDict({"upload": upload, "metrics": MetricRecord(report)}), reply_to=ins)
 
 
