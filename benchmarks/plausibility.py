@@ -141,10 +141,17 @@ def examine_honest(overrides: dict, parties: int) -> dict:
         "outside-vs-allowed": [round(e.outside / max(plausibility.domain_allowance(u.metrics, settings), 1e-12), 3)
                                for e, u in zip(evidence, uploads)],
         "energy-ratio": [round(e.energy / e.expected, 4) for e in evidence if e.expected],
+        "spread-ratio": spread_ratio(evidence),
         **peer_alignment(evidence),
         **label_mix(evidence),
         "seconds": {"encode": t_encode, "checks": time.perf_counter() - t0 - t_encode},
     }
+
+
+def spread_ratio(evidence: list) -> list[float]:
+    """Every party's variance of its rows' energies over the least its report allows (norm-spread flags below
+    1 / SPREAD_FACTOR)."""
+    return [round(e.energy_var / e.spread_floor, 4) for e in evidence if e.spread_floor]
 
 
 def label_mix(evidence: list) -> dict[str, object]:
@@ -197,6 +204,7 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
         "honest-quarantined": honest,
         "flags-per-check": flags,
         "energy-ratio": [round(e.energy / e.expected, 4) for e in evidence if e.expected],
+        "spread-ratio": spread_ratio(evidence),
         "agreement-shortfall": {p: round(a.shortfall, 3) for p, a in scores.items() if a.rows},
         "agreement-lift": {p: round((a.expected - a.chance) / a.rows, 3) for p, a in scores.items() if a.rows},
         "structure-excess": {p: round(share - iso, 3) for shares, iso in [plausibility.structure(evidence)]
@@ -235,6 +243,8 @@ def examine_setting(overrides: dict, parties: int, median_d: float | None) -> di
             judged = plausibility.alignment(faulty).get(BAD)
             row["faults"][name]["peer-alignment"] = (judged.score, judged.error) if judged else None
             row["faults"][name]["label-mix-chance"] = label_mix(faulty)["label-mix-chance"][BAD]
+        if faulty[BAD].spread_floor:
+            row["faults"][name]["spread-ratio"] = round(faulty[BAD].energy_var / faulty[BAD].spread_floor, 4)
     return row
 
 
@@ -304,6 +314,7 @@ def main() -> None:
                       f"{max(row['spread-vs-median']):.2f}; outside/allowed max {max(row['outside-vs-allowed']):.2f}; "
                       f"peers {min(row['peer-alignment'].values(), default=float('nan')):.2f}; "
                       f"label-mix min {min(row['label-mix-chance'].values()):.2g}; "
+                      f"spread {min(row['spread-ratio'], default=0):.2f}; "
                       f"rows {min(row['rows-per-party'])}..{max(row['rows-per-party'])}; "
                       f"{row['seconds']['encode'] + row['seconds']['checks']:.0f}s", flush=True)
                 write(name, {"command": "benchmarks/plausibility.py --group heterogeneity", **count(results),
@@ -323,7 +334,8 @@ def main() -> None:
                   f"{span['agreement-shortfall'][1]:.2f}; structure {span['structure-excess'][0]:.2f}.."
                   f"{span['structure-excess'][1]:.2f}; peers {span['peer-alignment'][0]:.2f}.."
                   f"{span['peer-alignment'][1]:.2f}; label-mix min {min(row['label-mix-chance'].values()):.2g} "
-                  f"(threshold {row['label-mix-threshold']:.2g}); clip {row['clipped-rows']}/{row['rows']} rows; "
+                  f"(threshold {row['label-mix-threshold']:.2g}); spread {min(row['spread-ratio'], default=0):.2f}; "
+                  f"clip {row['clipped-rows']}/{row['rows']} rows; "
                   f"{row['seconds']['checks']:.1f}s checks", flush=True)
     summary = count(results)
     print(summary, rates(results))

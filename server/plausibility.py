@@ -25,6 +25,15 @@ Per upload (`examine`, flat guard clauses like validation.py):
   + E[w2^2] r^2 (1 - 1/n) - 2 E[w1 w2] V / (n - 1) (the cross term averages to -V/(n-1) under a derangement),
   E[w^2] from trainers.weight_moments(alpha). Flagged outside [1/2, 2] and beyond 4 standard errors of the
   measured mean (a party of a handful of rows cannot be judged finely).
+- `norm-spread`: how much the rows' squared distances to their mean vary, against the least the report allows. Given
+  the weights, a row's expected squared distance is f(w2) = ((1 - w2)^2 + w2^2) V + w2^2 r^2, and by the law of
+  total variance the distances vary at least as f(w2) does over Algorithm 1's weights (`weight_spread`); at small tau
+  that is the sphere noise scaled by w2 in [1 - alpha, alpha]. Random rows of the upload's own per-coordinate mean
+  and spread (garbage) have nearly equal norms in many dimensions. Flagged below 1/SPREAD_FACTOR of the floor and by
+  more than SPREAD_SIGMAS standard errors of the measured variance (from its fourth moment), over at least
+  SPREAD_ROWS rows. It decides at every
+  tau, where the label checks abstain; it abstains for fixed weights, a screen (which keeps rows by their weights)
+  and the other encoders.
 
 Across parties (`quarantine`, after every upload arrived; all but `label-mix` and `replay` need at least MIN_PEERS
 parties):
@@ -94,6 +103,9 @@ LABEL_TOLERANCE = 1e-4  # float32 soft labels computed from float64 weights
 REPORT_TOLERANCE = 1e-3  # relative: the radius against Theorem 4.2 from the reported D, c, tau, alpha
 ENERGY_FACTOR = 2.0  # measured / predicted E||x~ - mean||^2 beyond [1/2, 2]: the report does not fit ...
 ENERGY_SIGMAS = 4.0  # ... by more than 4 standard errors of the measured mean (a handful of rows says little)
+SPREAD_FACTOR = 3.0  # norm-spread: the rows' energies vary less than 1/3 of what the mixing weights alone give ...
+SPREAD_SIGMAS = 4.0  # ... by more than 4 standard errors of the measured variance ...
+SPREAD_ROWS = 50  # ... over at least this many rows (a variance, and its error, of a handful of rows say nothing)
 MIN_PEERS = 3  # cross-party checks need a majority to compare with
 DOMAIN_TOLERANCE = 1e-3  # relative to a row's norm: float16 uploads round every value by up to 2^-11 of it
 SKETCH_DIM = 16  # random projection of every row over the upload's spread, in float16: 32 bytes a row
@@ -135,6 +147,9 @@ class Evidence:
     rows: int
     energy: float  # mean squared distance of a row to the upload's mean
     energy_error: float  # its standard error over the rows
+    energy_var: float  # the variance of a row's squared distance to the upload's mean, over the rows
+    energy_var_error: float  # its standard error
+    spread_floor: float | None  # the least variance an honest upload's report allows (None: no bound)
     expected: float | None  # the same, predicted from the party's report (None: no prediction for the encoder)
     outside: float  # the largest distance of a row beyond the data's valid box, less its rounding tolerance
     sketch: np.ndarray  # (rows, SKETCH_DIM) random projection of every row over sqrt(energy), float16
@@ -156,7 +171,7 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
     keeps is small: 32 bytes a row (the sketch) and FIT_ROWS rows of at most FIT_DIM values; an upload that
     fails its own checks keeps neither (it takes no part in the cross-party checks)."""
     flat = x.reshape(len(x), -1)
-    energy, energy_error = _energy(flat)
+    energy, energy_error, energy_var, energy_var_error = _energy(flat)
     box = domain(settings, flat.shape[1])
     sketch_matrix, fit_matrix = _projections(settings, flat.shape[1])
     sample = np.sort(
@@ -169,6 +184,9 @@ def examine(party: int, x: np.ndarray, y: np.ndarray, metrics: dict, settings: S
         rows=len(flat),
         energy=energy,
         energy_error=energy_error,
+        energy_var=energy_var,
+        energy_var_error=energy_var_error,
+        spread_floor=spread_floor(metrics, settings),
         expected=expected_energy(metrics, settings.encoder, len(flat)),
         outside=_outside(flat, *box) if box is not None else 0.0,
         sketch=(_project(flat, sketch_matrix) / math.sqrt(max(energy, 1e-30))).astype(np.float16),
@@ -215,6 +233,47 @@ def check_energy(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Set
             f"mean squared row norm (centred) {evidence.energy:.4g} is {ratio:.3g}x what its report predicts "
             f"({evidence.expected:.4g} from V, r and alpha)",
         )
+
+
+def check_spread(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:
+    """How much the rows' energies vary against the least the mixing weights make them vary (the module's
+    `norm-spread` check)."""
+    floor = evidence.spread_floor
+    if floor is None or floor <= 0 or evidence.rows < SPREAD_ROWS:
+        return
+    if evidence.energy_var < floor / SPREAD_FACTOR \
+            and floor - evidence.energy_var > SPREAD_SIGMAS * evidence.energy_var_error:
+        raise Implausible(
+            evidence.party,
+            "norm-spread",
+            f"its rows' squared distances to their mean vary by {evidence.energy_var:.4g} (variance); its report's "
+            f"V, r and alpha make them vary by at least {floor:.4g} (the mixing weights alone)",
+        )
+
+
+def spread_floor(metrics: dict, settings: Settings) -> float | None:
+    """The least variance of a row's squared distance to the mean that an honest singularized upload has: by the law
+    of total variance at least that of its mean given the weights, f(w2) = ((1 - w2)^2 + w2^2) V + w2^2 r^2 (the
+    sample, its partner and the sphere noise, cross terms averaging 0), over Algorithm 1's weights. None where
+    nothing bounds it: other encoders, fixed weights (f is constant), a screen (it keeps rows by their weights)."""
+    if settings.encoder != "singularized" or settings.mixing_weights == "fixed" or settings.screen != "none":
+        return None
+    alpha, V, radius = (float(metrics.get(k, math.nan)) for k in ("alpha", "V", "radius"))
+    if not (0.5 <= alpha < 1 and V >= 0 and radius >= 0):  # missing or impossible: the report check names it
+        return None
+    mix, square, cross = weight_spread(alpha)
+    return V * V * mix + radius**4 * square + 2 * V * radius**2 * cross
+
+
+@functools.lru_cache(maxsize=8)
+def weight_spread(alpha: float, draws: int = 200_000) -> tuple[float, float, float]:
+    """(Var g, Var w2^2, Cov(g, w2^2)) with g = (1 - w2)^2 + w2^2, under Algorithm 1's weights (Monte Carlo, fixed
+    seed, as trainers.weight_moments)."""
+    from fedsmix.encoders import sample_weights
+
+    w = sample_weights(draws, alpha, generator(0, "weight-spread")).double()[:, 1].numpy()
+    g, square = (1 - w) ** 2 + w**2, w**2
+    return float(g.var()), float(square.var()), float(np.cov(g, square)[0, 1])
 
 
 def check_domain(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:
@@ -721,7 +780,8 @@ def unstructured(evidence: list[Evidence]) -> list[dict]:
     return verdicts
 
 
-UPLOAD_CHECKS = {"report": _report, "labels": _labels, "domain": check_domain, "energy": check_energy}
+UPLOAD_CHECKS = {"report": _report, "labels": _labels, "domain": check_domain, "energy": check_energy,
+                 "norm-spread": check_spread}
 CROSS_CHECKS = {"label-mix": mixed_labels, "replay": replays, "labels-vs-inputs": disagreements,
                 "labels-vs-peers": misaligned, "structure": unstructured}
 
@@ -737,17 +797,22 @@ def _robust_spread(values: list[float]) -> float:
     return 1.4826 * float(np.median([abs(v - median) for v in values]))
 
 
-def _energy(flat, block: int = 4096) -> tuple[float, float]:
-    """Mean squared distance of a row to the mean row, and its standard error over the rows; in float64 blocks
-    (the upload may be memory-mapped: two passes, the mean first)."""
+def _energy(flat, block: int = 4096) -> tuple[float, float, float, float]:
+    """Mean squared distance of a row to the mean row and its standard error over the rows, and the distances'
+    variance and its standard error (from their fourth central moment); in float64 blocks (the upload may be
+    memory-mapped: two passes, the mean first)."""
     n, total = len(flat), np.zeros(flat.shape[1])
     for start in range(0, n, block):
         total += np.asarray(flat[start : start + block], dtype=np.float64).sum(axis=0)
     mean = total / n
     distances = np.concatenate([((np.asarray(flat[start : start + block], dtype=np.float64) - mean) ** 2).sum(axis=1)
                                 for start in range(0, n, block)])
-    error = float(distances.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
-    return float(distances.mean()), error
+    if n < 2:
+        return float(distances.mean()), math.inf, 0.0, math.inf
+    centred = distances - distances.mean()
+    var = float(centred.var(ddof=1))
+    var_error = math.sqrt(max(float((centred**4).mean()) - var * var, 0.0) / n)
+    return float(distances.mean()), float(distances.std(ddof=1) / math.sqrt(n)), var, var_error
 
 
 def _class_sums(flat, y: np.ndarray, matrix: np.ndarray | None,

@@ -299,6 +299,25 @@ def test_an_uploads_label_mix_is_held_against_its_own_validation_split(one_threa
     assert verdict["party"] == bad and "split of 0 rows" in verdict["reason"] and str(sum(counts)) in verdict["reason"]
 
 
+@pytest.mark.parametrize("tau", [1.0, 1e-3])
+def test_random_rows_vary_less_in_norm_than_the_mixing_weights_make_honest_ones(one_thread, tau):
+    """norm-spread, on the MNIST slice: every honest upload's rows vary in squared norm about as much as the mixing
+    weights make them (at least a third of the floor its report gives); garbage (random rows of the upload's own
+    mean and spread) varies far less and is named, also at tau 1e-3 where the label checks abstain; with fixed
+    weights the check has no floor and abstains."""
+    settings = load_settings({"preset": "configs/quickstart.yaml", "dataset": "mnist", "tau": tau})
+    uploads = [prepare_upload(settings, p, PARTIES) for p in range(PARTIES)]
+    evidence = examine_all(settings, uploads)
+    ratios = [e.energy_var / e.spread_floor for e in evidence]
+    assert all(e.problem is None for e in evidence) and min(ratios) > 0.6, ratios
+    arrays, metrics = corrupt("garbage", uploads[BAD].arrays, uploads[BAD].metrics, 0.0, generator(0, BAD, "fault"))
+    garbage = plausibility.examine(BAD, arrays["x"], arrays["y"], metrics, settings)
+    assert garbage.problem is not None and garbage.problem.check == "norm-spread", garbage.problem
+    assert garbage.energy_var < garbage.spread_floor / 10
+    fixed = settings.replace(mixing_weights="fixed")
+    assert plausibility.spread_floor(metrics, fixed) is None
+
+
 @pytest.mark.parametrize(("population", "drawn", "holders", "seen"),
                          [(1000, 100, 300, 10), (1000, 100, 300, 55), (200, 20, 10, 6), (5000, 500, 2500, 200)])
 def test_the_label_mix_bound_is_never_below_the_exact_chance(population, drawn, holders, seen):
@@ -326,9 +345,10 @@ def test_an_upload_that_breaks_the_encoder_or_its_report_is_named(quickstart):
         assert lie.problem.check == "report" and words in lie.problem.reason, (key, lie.problem)
 
 
-def test_tiny_tau_hides_the_labels_and_the_label_checks_abstain():
+def test_tiny_tau_hides_the_labels_and_the_label_checks_abstain(monkeypatch):
     """At tau = 1e-6 the sphere noise dominates every row: no linear head sees the labels, so neither label
-    check can tell garbage from an honest upload, and neither may guess (robust training is the fallback)."""
+    check can tell garbage from an honest upload, and neither may guess; garbage's rows of nearly equal norm give it
+    away to norm-spread instead, which reads no labels."""
     settings = load_settings({"preset": "configs/quickstart.yaml", "tau": 1e-6, "partitioner": "iid"})
     uploads = [prepare_upload(settings, p, 5) for p in range(5)]
     evidence = examine_all(settings, uploads)
@@ -336,6 +356,9 @@ def test_tiny_tau_hides_the_labels_and_the_label_checks_abstain():
     assert np.median([(a.expected - a.chance) / a.rows for a in scores.values()]) < plausibility.SIGNAL
     assert np.median([a.score for a in plausibility.alignment(evidence).values()]) < plausibility.PEER_SIGNAL
     garbage, _ = corrupt("garbage", uploads[1].arrays, uploads[1].metrics, generator=generator(0, 1, "fault"))
+    evidence[1] = plausibility.examine(1, garbage["x"], garbage["y"], uploads[1].metrics, settings)
+    assert [(v["party"], v["check"]) for v in plausibility.quarantine(evidence, settings)] == [(1, "norm-spread")]
+    monkeypatch.delitem(plausibility.UPLOAD_CHECKS, "norm-spread")  # without it the label checks would not name it
     evidence[1] = plausibility.examine(1, garbage["x"], garbage["y"], uploads[1].metrics, settings)
     assert plausibility.quarantine(evidence, settings) == []
 
