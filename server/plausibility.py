@@ -163,6 +163,7 @@ class Evidence:
     label_spread: float | None = None  # how far a clean sample's total label weight strays from 1 (None: no bound)
     screened: float = 0.0  # the share of encodings the run's screen dropped (0 unless `screen` is on)
     validation_sizes: tuple[int, ...] = ()  # the split sizes its training rows and validation-fraction allow (): any
+    share_factors: tuple[float, float] | None = None  # a class's sample share lies surely in these x its label share
     problem: Implausible | None = None  # the upload's own checks
 
 
@@ -418,7 +419,10 @@ def _label_mix_terms(rows: int, metrics: dict, settings: Settings) -> dict:
     encoder lets a sample's label weight stray. Singularized mixup gives row r weight w_r1 in [1 - alpha, alpha] to
     its own sample and 1 - w_r1 to its partner, so a class's label mass is its count plus sum_r (w_r1 - E w1)
     (a_r - b_r), bounded terms of width 2 alpha - 1; one-hot uploads (`none`, `mixcon`) carry the counts exactly;
-    mixup and InstaHide mix public images or many partners, and the check abstains."""
+    mixup and InstaHide mix public images or many partners, and the check abstains. Beside that probable bound, a sure
+    one: each sample is the own sample of one row and the partner of another in every pass, so its total label
+    weight lies in [2 (1 - alpha), 2 alpha] a pass, and a class's share of the samples in [share / (2 alpha),
+    share / (2 (1 - alpha))] of its share of the label mass (no screen: a screen drops rows by their content)."""
     counts = metrics.get("validation-counts")
     screened = float(metrics.get("screened-fraction", 0.0)) if settings.screen != "none" else 0.0
     spread = {"singularized": 2 * settings.alpha - 1, "none": 0.0, "mixcon": 0.0}.get(settings.encoder)
@@ -428,6 +432,8 @@ def _label_mix_terms(rows: int, metrics: dict, settings: Settings) -> dict:
     return {
         "validation_counts": None if counts is None else np.asarray(counts, dtype=np.float64),
         "training_rows": training, "label_spread": spread, "screened": screened,
+        "share_factors": (None if spread is None or screened else (1.0, 1.0) if spread == 0
+                          else (1 / (2 * settings.alpha), 1 / (2 * (1 - settings.alpha)))),
         "validation_sizes": () if screened else tuple(sorted(validation_rows(round(training),
                                                                              settings.validation_fraction))),
     }
@@ -482,8 +488,10 @@ def label_mix(e: Evidence, delta: float) -> LabelMix:
     worst = LabelMix(1.0)
     for c in range(classes):
         observed = counts[c] / m
-        low = (n * max(share[c] - eta, 0.0) + counts[c]) / (n + m)
-        high = (n * min(share[c] + eta, 1.0) + counts[c]) / (n + m)
+        low, high = max(share[c] - eta, 0.0), min(share[c] + eta, 1.0)
+        if e.share_factors is not None:  # the sure bound: a class without label mass has no sample
+            low, high = max(low, share[c] * e.share_factors[0]), min(high, share[c] * e.share_factors[1])
+        low, high = (n * low + counts[c]) / (n + m), (n * high + counts[c]) / (n + m)
         if low <= observed <= high:
             continue
         chance = tail_chance(observed, m, low if observed < low else high)
