@@ -31,9 +31,8 @@ Per upload (`examine`, flat guard clauses like validation.py):
   that is the sphere noise scaled by w2 in [1 - alpha, alpha]. Random rows of the upload's own per-coordinate mean
   and spread (garbage) have nearly equal norms in many dimensions. Flagged below 1/SPREAD_FACTOR of the floor and by
   more than SPREAD_SIGMAS standard errors of the measured variance (from its fourth moment), over at least
-  SPREAD_ROWS rows. It decides at every
-  tau, where the label checks abstain; it abstains for fixed weights, a screen (which keeps rows by their weights)
-  and the other encoders.
+  SPREAD_ROWS rows. It decides at every tau, where the label checks abstain; it abstains for fixed weights, a screen
+  (which keeps rows by their weights) and the other encoders.
 
 Across parties (`quarantine`, after every upload arrived; all but `label-mix` and `replay` need at least MIN_PEERS
 parties):
