@@ -95,7 +95,7 @@ import torch
 from fedsmix.config import INSTAHIDE, Settings
 from fedsmix.encoders import noise_multiplier
 from fedsmix.seeding import generator
-from fedsmix.trainers import Moments, linear_heads, weight_moments
+from fedsmix.trainers import Moments, linear_heads, weight_moments, weight_spread
 
 REPORTED = ("alpha", "tau", "radius", "V", "D", "c")  # what every party reports with its upload (party.py)
 LABEL_TOLERANCE = 1e-4  # float32 soft labels computed from float64 weights
@@ -263,17 +263,6 @@ def spread_floor(metrics: dict, settings: Settings) -> float | None:
         return None
     mix, square, cross = weight_spread(alpha)
     return V * V * mix + radius**4 * square + 2 * V * radius**2 * cross
-
-
-@functools.lru_cache(maxsize=8)
-def weight_spread(alpha: float, draws: int = 200_000) -> tuple[float, float, float]:
-    """(Var g, Var w2^2, Cov(g, w2^2)) with g = (1 - w2)^2 + w2^2, under Algorithm 1's weights (Monte Carlo, fixed
-    seed, as trainers.weight_moments)."""
-    from fedsmix.encoders import sample_weights
-
-    w = sample_weights(draws, alpha, generator(0, "weight-spread")).double()[:, 1].numpy()
-    g, square = (1 - w) ** 2 + w**2, w**2
-    return float(g.var()), float(square.var()), float(np.cov(g, square)[0, 1])
 
 
 def check_domain(evidence: Evidence, y: np.ndarray, metrics: dict, settings: Settings) -> None:

@@ -61,7 +61,17 @@ from .selection import (
     test_accuracy,
     train_union,
 )
-from .union import CLIP_FACTOR, Clipped, Moments, Rows, Union, clipped, union_statistics, weight_moments
+from .union import (
+    CLIP_FACTOR,
+    Clipped,
+    Moments,
+    Rows,
+    Union,
+    clipped,
+    union_statistics,
+    weight_moments,
+    weight_spread,
+)
 
 TRAINERS.add("mlp", mlp.MLP)
 TRAINERS.add("mlp-recal", mlp.MLP_RECAL)
@@ -77,5 +87,5 @@ __all__ = [
     "Trainer", "Union", "build_model", "candidate_names", "clipped", "empty_head", "ensure_run_features", "families",
     "fit", "linear_heads", "needs_public", "party_summary", "public_covariance", "recalibrate_batchnorm",
     "score_models", "server_public", "test_accuracy", "train_classifier", "train_union", "union_statistics",
-    "sample_parties", "weight_moments",
+    "sample_parties", "weight_moments", "weight_spread",
 ]

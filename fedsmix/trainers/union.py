@@ -100,13 +100,28 @@ def clipped(union: Union, seed: int = 0, factor: float = CLIP_FACTOR, sample: in
 
 
 @lru_cache(maxsize=8)
-def weight_moments(alpha: float, draws: int = 200_000) -> tuple[float, float]:
-    """(E[w2^2], E[w1^2 + w2^2]) under Algorithm 1's weights (a uniform pair normalised to sum 1, redrawn
-    until max <= alpha), by Monte Carlo with a fixed seed."""
+def _weight_draws(alpha: float, draws: int = 200_000) -> torch.Tensor:
+    """Algorithm 1's weights (a uniform pair normalised to sum 1, redrawn until max <= alpha), a fixed-seed
+    Monte Carlo sample shared by the moments below."""
     from ..encoders import sample_weights
 
-    w = sample_weights(draws, alpha, generator(0, "weight-moments")).double()
+    return sample_weights(draws, alpha, generator(0, "weight-moments")).double()
+
+
+@lru_cache(maxsize=8)
+def weight_moments(alpha: float) -> tuple[float, float]:
+    """(E[w2^2], E[w1^2 + w2^2]) under Algorithm 1's weights, by Monte Carlo with a fixed seed."""
+    w = _weight_draws(alpha)
     return float((w[:, 1] ** 2).mean()), float((w**2).sum(dim=1).mean())
+
+
+@lru_cache(maxsize=8)
+def weight_spread(alpha: float) -> tuple[float, float, float]:
+    """(Var g, Var w2^2, Cov(g, w2^2)) with g = (1 - w2)^2 + w2^2 = w1^2 + w2^2, under Algorithm 1's weights, by
+    Monte Carlo with a fixed seed: how much a row's expected squared norm varies with its weights."""
+    w = _weight_draws(alpha)[:, 1].numpy()
+    g, square = (1 - w) ** 2 + w**2, w**2
+    return float(g.var()), float(square.var()), float(np.cov(g, square)[0, 1])
 
 
 def union_statistics(reports: list[dict], dim: int, encoder: str) -> tuple[float, float]:
