@@ -96,6 +96,13 @@ def run_settings(variant: str, fault: str, overrides: dict) -> dict:
     }
 
 
+def named_bad(row: dict) -> list[dict]:
+    """The quarantines of a row that name the bad party; of a replay, either copy (content cannot tell which is the
+    original, and the later arrival is the one quarantined)."""
+    return [q for q in row["quarantined"] if q["party"] == BAD
+            or row["fault"] == "replay" and q["party"] == BAD - 1 and q["check"] == "replay"]
+
+
 def table(rows: list[dict]) -> str:
     """One line per variant, one column per fault: accuracy % (change from the variant's clean run, points),
     and the check that named the bad party where one did."""
@@ -107,7 +114,7 @@ def table(rows: list[dict]) -> str:
         text = fmt(100 * r["accuracy"], ".2f")
         if r["fault"] != "clean" and base is not None:
             text += f" ({100 * (r['accuracy'] - base):+.2f})"
-        named = [q for q in r["quarantined"] if q["party"] == BAD]
+        named = named_bad(r)
         if named:
             text += f", caught: {named[0]['check']}"
         elif r["fault"] != "clean" and r["variant"] == "mixup-union (checks on)":
@@ -132,8 +139,7 @@ def family_table(rows: list[dict]) -> str:
         text = fmt(100 * r["accuracy"], ".2f")
         if r["fault"] != "clean" and r["variant"] in clean:
             text += f" ({100 * (r['accuracy'] - clean[r['variant']]):+.2f})"
-            named = [q for q in r["quarantined"] if q["party"] == BAD  # a replay: either copy (the later arrival)
-                     or r["fault"] == "replay" and q["party"] == BAD - 1 and q["check"] == "replay"]
+            named = named_bad(r)
             text += f", caught: {named[0]['check']}" if named else ", not caught"
         line[r["variant"]] = text
     columns = [("fault", "fault family, strength")] + [(v, v) for v in FAMILY_VARIANTS]
