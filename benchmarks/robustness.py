@@ -9,11 +9,18 @@ benchmarks/results/robustness.json as they finish, and a finished row is not run
     .venv/bin/python benchmarks/robustness.py                  # every row (about 40 min on 2 busy cores)
     .venv/bin/python benchmarks/robustness.py --only fedavg     # rows whose variant starts with "fedavg"
     .venv/bin/python benchmarks/robustness.py --families        # fault families by strength, tau 1 and 1e-3
+    .venv/bin/python benchmarks/robustness.py --liars           # consistent liars against the class prior, 3 seeds
 
 `--families`: mixup-union as a user gets it (checks on, robust training `clip`), each fault family of
 fedsmix/faults.py at several strengths, at tau 1 (digits) and 1e-3 (CIFAR-10 EfficientNet-Lite0 features at 64 px,
 20,000 images, 10 epochs: in pixels mixup-union is at chance below tau 0.1): the accuracy it costs and the check that
 caught it.
+
+`--liars`: a consistent liar (`relabel-target` 1, `relabel-flip`: party 3 relabels its own data, so its upload, its
+validation counts and its votes tell one lie) against `class-prior` uploads / uniform, at tau 1 on digits and MNIST
+(12,000 images) and at tau 1e-3 / 1e-2 on the CIFAR-10 features, seeds 1-3 (partition, encoding, training): each
+cell the mean cost against the same seed's clean run with the same prior, with its 95 % interval, and the clean cost
+of the uniform prior.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from common import PROJECT, RESULTS, write
 
 from commands import inprocess
 from fedsmix.config import load_settings
-from fedsmix.tables import fmt, markdown
+from fedsmix.tables import ci, ci_caption, fmt, interval, markdown
 
 BAD, PARTIES = 3, 10
 FAULTS = {
@@ -76,8 +83,23 @@ FAMILY_VARIANTS = {  # overrides, and the faults each runs (the features run onl
                                     "label-noise 0.5", "label-flip", "label-target 0.5", "label-target 1", "replay")),
 }
 
+LIAR_SETTINGS = {
+    "digits, tau 1": {"strategies": "mixup-union", "tau": 1.0},
+    "cifar10 features, tau 1e-3": {"strategies": "mixup-union", "tau": 1e-3, **FEATURES},
+    "cifar10 features, tau 1e-2": {"strategies": "mixup-union", "tau": 1e-2, **FEATURES},
+    "mnist, tau 1": {"strategies": "mixup-union", "tau": 1.0, "dataset": "mnist", "train-subset": 12000},
+}
+LIARS = {"clean": {}, "relabel-target 1": {"fault": f"relabel-target:{BAD}", "fault-strength": 1.0},
+         "relabel-flip": {"fault": f"relabel-flip:{BAD}"}}
+PRIORS, SEEDS = ("uploads", "uniform"), (1, 2, 3)
+LIAR_VARIANTS = {f"{setting}; class-prior {prior}; seed {seed}": ({**base, "class-prior": prior, "seed": seed},
+                                                                  tuple(LIARS))
+                 for setting, base in LIAR_SETTINGS.items() for seed in SEEDS for prior in PRIORS}
+
 
 def run_row(variant: str, fault: str) -> dict:
+    if variant in LIAR_VARIANTS:
+        return run_settings(variant, fault, {**LIAR_VARIANTS[variant][0], **LIARS[fault]})
     if variant in FAMILY_VARIANTS:
         return run_settings(variant, fault, {**FAMILY_VARIANTS[variant][0], **FAMILIES.get(fault, {})})
     overrides, _ = VARIANTS[variant]
@@ -146,16 +168,52 @@ def family_table(rows: list[dict]) -> str:
     return markdown(list(cells.values()), columns, "l" + "r" * len(FAMILY_VARIANTS))
 
 
+def liar_table(rows: list[dict]) -> str:
+    """One line per setting and fault, a column per class prior: the accuracy it costs against the same seed's clean
+    run with the same prior (points, mean and 95 % interval over seeds), and who quarantined party 3; the clean line
+    gives the accuracy, and the uniform column its change from the uploads' prior on the same seed."""
+    acc = {(r["variant"], r["fault"]): r for r in rows if r["variant"] in LIAR_VARIANTS}
+    lines, counts = [], []
+    for setting in LIAR_SETTINGS:
+        for fault in LIARS:
+            line = {"setting": setting, "fault": fault}
+            for prior in PRIORS:
+                deltas, named, n = [], 0, 0
+                for seed in SEEDS:
+                    row = acc.get((f"{setting}; class-prior {prior}; seed {seed}", fault))
+                    if fault == "clean":
+                        base = acc.get((f"{setting}; class-prior uploads; seed {seed}", "clean"))
+                        if row and base:
+                            deltas.append(100 * (row["accuracy"] - base["accuracy"]) if prior == "uniform"
+                                          else 100 * row["accuracy"])
+                        continue
+                    base = acc.get((f"{setting}; class-prior {prior}; seed {seed}", "clean"))
+                    if row and base:
+                        deltas.append(100 * (row["accuracy"] - base["accuracy"]))
+                        n += 1
+                        named += bool(named_bad(row))
+                counts.append(len(deltas))
+                text = ci(interval(deltas), "+.2f" if fault != "clean" or prior == "uniform" else ".2f")
+                if fault != "clean" and n:
+                    text += f" (caught {named}/{n})"
+                line[prior] = text
+            lines.append(line)
+    return markdown(lines, [("setting", "setting"), ("fault", "party 3"), *[(p, f"class-prior {p}") for p in PRIORS]],
+                    "llrr") + "\n\n" + ci_caption(counts, seeds=SEEDS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="run only the variants whose name starts with this")
     parser.add_argument("--fresh", action="store_true", help="forget earlier rows")
     parser.add_argument("--families", action="store_true", help="fault families by strength at tau 1 and 1e-3")
+    parser.add_argument("--liars", action="store_true", help="consistent liars against the class prior, 3 seeds")
     args = parser.parse_args()
     path = RESULTS / "robustness.json"
     done = [] if args.fresh or not path.exists() else json.loads(path.read_text()).get("rows", [])
     have = {(r["variant"], r["fault"]) for r in done}
-    plan = {v: faults for v, (_, faults) in (FAMILY_VARIANTS if args.families else VARIANTS).items()}
+    groups = LIAR_VARIANTS if args.liars else FAMILY_VARIANTS if args.families else VARIANTS
+    plan = {v: faults for v, (_, faults) in groups.items()}
     for variant, faults in plan.items():
         if not variant.startswith(args.only):
             continue
@@ -166,15 +224,15 @@ def main() -> None:
             done.append(row)
             print(f"{variant:34s} {fault:11s} {100 * row['accuracy']:6.2f} % "
                   f"quarantined {[q['party'] for q in row['quarantined']]} ({row['seconds']:.0f} s)", flush=True)
-            every = {v: fs for v, (_, fs) in (VARIANTS | FAMILY_VARIANTS).items()}
+            every = {v: fs for v, (_, fs) in (VARIANTS | FAMILY_VARIANTS | LIAR_VARIANTS).items()}
             order = {(v, f): i for i, (v, fs) in enumerate(every.items()) for f in fs}
             done.sort(key=lambda r: order.get((r["variant"], r["fault"]), 1e9))
-            write("robustness", {"command": "benchmarks/robustness.py [--families]",
+            write("robustness", {"command": "benchmarks/robustness.py [--families | --liars]",
                                  "engine": "in-process transport (the fault-by-defence table: the former direct one)",
                                  "bad-party": BAD, "parties": PARTIES, "preset": "configs/quickstart.yaml",
                                  "rows": done, "table": table([r for r in done if r["variant"] in VARIANTS]),
-                                 "families-table": family_table(done)})
-    print(family_table(done) if args.families else table(done))
+                                 "families-table": family_table(done), "liars-table": liar_table(done)})
+    print(liar_table(done) if args.liars else family_table(done) if args.families else table(done))
 
 
 if __name__ == "__main__":

@@ -39,13 +39,18 @@ FAULT_CORRUPTIONS = (
 # fault-strength): scale-report (inputs and every reported norm times fault-scale), shift (every row moved
 # by fault-strength x the upload's spread, one direction), partial-garbage / label-noise (that share of the
 # rows random / with permuted classes), label-target (that share of the rows of the party's commonest class
-# relabelled as the next class)
+# relabelled as the next class). A consistent liar relabels its own data before anything else, so that its upload,
+# its validation counts and its validation votes (and its FedAvg/FedProx training) tell the same lie:
+# relabel-target (that share of its commonest class's rows as the next class), relabel-flip (classes permuted)
 FAULT_DISHONEST = ("scale", "garbage", "label-flip", "replay", "sign-flip",
-                   "scale-report", "shift", "partial-garbage", "label-noise", "label-target")
-FAULT_SHARES = ("partial-garbage", "label-noise", "label-target")  # fault-strength is a share of the rows
+                   "scale-report", "shift", "partial-garbage", "label-noise", "label-target",
+                   "relabel-target", "relabel-flip")
+FAULT_RELABELS = ("relabel-target", "relabel-flip")  # in the party's data, not in one message
+FAULT_SHARES = ("partial-garbage", "label-noise", "label-target", "relabel-target")  # a share of the rows
 FEATURE_SHIFTS = ("brightness", "contrast", "blur", "colour", "rotation")  # feature-skew (fedsmix/acquisition.py)
 AGGREGATIONS = ("fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum", "bulyan")
 ROBUST_TRAINING = ("off", "clip", "trim")
+CLASS_PRIORS = ("uploads", "uniform")  # the class prior central training learns (fedsmix/trainers/union.py)
 
 
 class SettingsError(ValueError):
@@ -208,7 +213,8 @@ class Settings(BaseModel):
     fault_scale: float = Field(100.0, description="the factor of faults 'scale' and 'scale-report'")
     fault_strength: float = Field(
         1.0, gt=0,
-        description="faults 'shift' (x the upload's spread), 'partial-garbage', 'label-noise', 'label-target' (share)",
+        description="faults 'shift' (x the upload's spread), 'partial-garbage', 'label-noise', 'label-target', "
+        "'relabel-target' (share)",
     )
     # plausibility checks of well-formed uploads (server/plausibility.py) and robust central
     # training (fedsmix/trainers/) for what they cannot decide
@@ -217,6 +223,9 @@ class Settings(BaseModel):
     robust_trim: float = Field(0.1, ge=0, lt=0.5, description="robust-training trim: batch fraction dropped")
     # clip: rows beyond 3x the union's median distance pulled in (none of an honest union's, measured); trim: a
     # trimmed loss; off
+    class_prior: Literal[CLASS_PRIORS] = Field(  # type: ignore[valid-type]
+        "uploads", description="the class prior mixup-union's trainers learn: the uploads' label shares, or "
+        "uniform (every class's label mass rescaled alike: no party moves the prior)")
     # adversary (simulation only)
     adversary: tuple[str, ...] = ()
     attack_victims: int = Field(200, ge=1)

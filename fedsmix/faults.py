@@ -16,6 +16,10 @@ it (benchmarks/plausibility.py): `scale-report:P` (inputs and every reported nor
 party consistent with itself), `shift:P` (every row moved by `fault-strength` x the upload's spread, in one
 random direction), `partial-garbage:P`, `label-noise:P` (that share of the rows random, or with classes
 permuted), `label-target:P` (that share of the rows of the party's commonest class relabelled as the next).
+
+A consistent liar (`relabel-target:P`, `relabel-flip:P`) relabels its own data before anything else: its upload, the
+class counts of its validation split, its validation votes and its FedAvg/FedProx training all tell the same lie, so
+no check that holds a party to its own word can see it (fedsmix.party.load_partition applies `relabel`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 import torch
 
 from fedsmix.config import FAULT_CORRUPTIONS as CORRUPTIONS
+from fedsmix.config import FAULT_RELABELS as RELABELS
 from fedsmix.config import parse_faults as parse
 
 UPLOAD_FAULTS = ("scale", "garbage", "label-flip", "replay",  # well-formed, dishonest uploads
@@ -90,6 +95,22 @@ def flip_classes(y, generator: torch.Generator):
     """Labels (one-hot or soft, numpy or torch) with their classes permuted: column j holds class perm[j]."""
     perm = derangement(y.shape[1], generator)
     return y[:, torch.from_numpy(perm)] if isinstance(y, torch.Tensor) else y[:, perm]
+
+
+def relabel(kind: str, labels: np.ndarray, num_classes: int, strength: float, generator: torch.Generator) -> np.ndarray:
+    """A consistent liar's labels for every row it holds (training and validation rows alike): `relabel-target`
+    moves a `strength` share of its commonest class's rows to the next class, `relabel-flip` permutes the classes
+    by a derangement. A copy; the same generator gives the same lie in every call."""
+    labels = np.asarray(labels, dtype=np.int64).copy()
+    if kind == "relabel-flip":
+        return derangement(num_classes, generator)[labels]
+    if kind != "relabel-target":
+        raise ValueError(f"fault {kind!r} is not a relabelling; allowed: {', '.join(RELABELS)}")
+    common = int(np.argmax(np.bincount(labels, minlength=num_classes)))
+    holders = np.flatnonzero(labels == common)
+    if len(holders):
+        labels[holders[_rows(len(holders), strength, generator)]] = (common + 1) % num_classes
+    return labels
 
 
 def falsify_update(

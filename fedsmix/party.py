@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import data as datalib
-from .config import Settings
+from .config import FAULT_RELABELS, Settings
 from .defences import active
 from .encoders import (
     Calibration,
@@ -33,7 +33,7 @@ from .encoders import (
     encode,
     fixed_radius,
 )
-from .faults import UPDATE_FAULTS, corrupt, corruption, falsify_update, flip_classes, listed
+from .faults import UPDATE_FAULTS, corrupt, corruption, falsify_update, flip_classes, listed, relabel
 from .models import new_classifier, represent
 from .partition import partition_indices
 from .seeding import generator
@@ -78,9 +78,8 @@ def validation_split(settings: Settings, party: int, n: int) -> tuple[np.ndarray
 def load_partition(settings: Settings, party: int, num_parties: int, part: str = "train") -> Partition:
     """A party's rows of the training split in the mixing space: the rows it trains on (`part="train"`), or the
     validation split it keeps for selection (`"validation"`, see `validation_split`)."""
-    raw, rows = _partition_rows(settings, party, num_parties, part)
+    raw, rows, labels = _partition_rows(settings, party, num_parties, part)
     x = to_space(settings, raw, "train", rows, party)
-    labels = torch.from_numpy(raw.labels[rows].astype(np.int64))
     return Partition(party, x, labels, raw.spec.num_classes, pixel_spec(settings, raw.spec), rows)
 
 
@@ -88,12 +87,14 @@ def validation_counts(settings: Settings, party: int, num_parties: int) -> list[
     """The class counts of the party's validation split (labels only, nothing loaded into the mixing space): what
     it reports with its upload, so that the server can hold the upload's label mix against its own clean rows'
     (server/plausibility.py, `label-mix`). Its upload's soft labels already carry its label mix."""
-    raw, rows = _partition_rows(settings, party, num_parties, "validation")
-    return np.bincount(raw.labels[rows].astype(np.int64), minlength=raw.spec.num_classes).tolist()
+    raw, _, labels = _partition_rows(settings, party, num_parties, "validation")
+    return np.bincount(labels.numpy(), minlength=raw.spec.num_classes).tolist()
 
 
-def _partition_rows(settings: Settings, party: int, num_parties: int, part: str) -> tuple[datalib.RawSplit, np.ndarray]:
-    """The training split and the rows of it that the party's `part` holds."""
+def _partition_rows(settings: Settings, party: int, num_parties: int,
+                    part: str) -> tuple[datalib.RawSplit, np.ndarray, torch.Tensor]:
+    """The training split, the rows of it that the party's `part` holds, and their labels as the party holds them
+    (a consistent liar's relabelled, fedsmix.faults.relabel, over all its rows so both parts tell one lie)."""
     if part not in ("train", "validation"):
         raise ValueError(f"part: unknown {part!r}; allowed: train, validation")
     raw = datalib.load_dataset(settings, "train")
@@ -112,7 +113,13 @@ def _partition_rows(settings: Settings, party: int, num_parties: int, part: str)
     )
     if subset is not None:
         rows = subset[rows]
-    return raw, rows[validation_split(settings, party, len(rows))[0 if part == "train" else 1]]
+    labels = raw.labels[rows].astype(np.int64)
+    lie = listed(settings.fault, party, FAULT_RELABELS)
+    if lie:
+        labels = relabel(lie, labels, raw.spec.num_classes, settings.fault_strength,
+                         generator(settings.seed, party, "relabel"))
+    keep = validation_split(settings, party, len(rows))[0 if part == "train" else 1]
+    return raw, rows[keep], torch.from_numpy(labels[keep])
 
 
 def pooled_data(settings: Settings, num_parties: int) -> tuple[torch.Tensor, torch.Tensor]:

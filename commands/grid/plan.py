@@ -35,7 +35,7 @@ ENCODING_KEYS = frozenset(
         # the central trainer of the uploads (fedsmix/trainers/)
         "trainer", "head-penalties", "validation-fraction", "return-model",
         # the server's plausibility checks of the uploads and robust central training
-        "plausibility", "robust-training", "robust-trim",
+        "plausibility", "robust-training", "robust-trim", "class-prior",
     }
 )
 FEDERATED_KEYS = frozenset(

@@ -35,6 +35,10 @@ cannot decide (measured in docs/results/robustness.md):
   row was beyond it in 33 settings (benchmarks/plausibility.py), so a clean run is unchanged.
 - `trim` (off unless chosen): the MLP minimises a trimmed loss, each batch without its `robust-trim` fraction of largest
   per-sample losses (rows no model fits: permuted labels, garbage).
+
+`class-prior = uniform` (off unless chosen): every class's label mass rescaled alike before any candidate is fit
+(union.balanced), so the model's class prior is uniform and no party's labels move it. At small tau the prior
+term decides most predictions, and it is the channel through which one party's consistent label lie costs most.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from .union import (
     Moments,
     Rows,
     Union,
+    balanced,
     clipped,
     union_statistics,
     weight_moments,
@@ -84,8 +89,8 @@ PUBLIC = tuple(name for name, family in TRAINERS.items() if family.needs_public)
 
 __all__ = [
     "CLIP_FACTOR", "PUBLIC", "Clipped", "Fitted", "Job", "LinearHead", "Moments", "Rows", "Selection", "TrainReport",
-    "Trainer", "Union", "build_model", "candidate_names", "clipped", "empty_head", "ensure_run_features", "families",
-    "fit", "linear_heads", "needs_public", "party_summary", "public_covariance", "recalibrate_batchnorm",
+    "Trainer", "Union", "balanced", "build_model", "candidate_names", "clipped", "empty_head", "ensure_run_features",
+    "families", "fit", "linear_heads", "needs_public", "party_summary", "public_covariance", "recalibrate_batchnorm",
     "score_models", "server_public", "test_accuracy", "train_classifier", "train_union", "union_statistics",
     "sample_parties", "weight_moments", "weight_spread",
 ]

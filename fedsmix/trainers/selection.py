@@ -20,7 +20,7 @@ from ..space import public_in_space
 from ..training import evaluate, predict
 from ..tuning import draw_names, pooled
 from .base import Job, Trainer
-from .union import Union, clipped
+from .union import Union, balanced, clipped
 
 
 def test_accuracy(model: torch.nn.Module, test: tuple[torch.Tensor, torch.Tensor], device: str) -> dict[str, float]:
@@ -116,6 +116,8 @@ def fit(settings: Settings, union: Union, sample_shape: tuple[int, ...], num_cla
     train_classifier."""
     if settings.robust_training == "clip":
         union = clipped(union, settings.seed)
+    if settings.class_prior == "uniform":
+        union = balanced(union)
     job = Job(settings, union, sample_shape, num_classes, device, public, train_options)
     fitted = Fitted({})
     for family, own in _by_family(settings, names):

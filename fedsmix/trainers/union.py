@@ -99,6 +99,20 @@ def clipped(union: Union, seed: int = 0, factor: float = CLIP_FACTOR, sample: in
     return Union(view, union.y, union.parties, union.noise_var, union.mix_scale)
 
 
+def balanced(union: Union) -> Union:
+    """class-prior uniform: the union with every class's label mass rescaled to the same total (a soft label's
+    class-c entry times (1 / C) / pi_c, pi_c the union's label share of class c; the mean row still weighs 1).
+    Every trainer then learns a uniform class prior, which no party can move, and nothing else changes: the
+    discriminants' class means are ratios of label-weighted sums, the MLP minimises the class-balanced soft
+    cross-entropy, ridge regresses the reweighted targets. A class absent from the union stays absent."""
+    y = np.asarray(union.y, dtype=np.float64)
+    mass = y.sum(axis=0)
+    held = mass > 0
+    factor = np.zeros_like(mass)
+    factor[held] = mass[held].sum() / held.sum() / mass[held]
+    return Union(union.x, (y * factor).astype(np.float32), union.parties, union.noise_var, union.mix_scale)
+
+
 @lru_cache(maxsize=8)
 def _weight_draws(alpha: float, draws: int = 200_000) -> torch.Tensor:
     """Algorithm 1's weights (a uniform pair normalised to sum 1, redrawn until max <= alpha), a fixed-seed
