@@ -16,7 +16,7 @@ from rich.console import Console
 
 from fedsmix.config import SettingsError, load_settings
 from fedsmix.faults import corrupt, derangement, falsify_update, flip_classes
-from fedsmix.party import prepare_upload, replayed_upload
+from fedsmix.party import load_partition, prepare_upload, replayed_upload, validation_counts
 from fedsmix.seeding import generator
 from fedsmix.trainers import Union, clipped
 from fedsmix.training import soft_cross_entropy
@@ -208,6 +208,74 @@ def test_a_label_manipulation_nobody_named_costs_at_most_a_point_through_the_rea
                           PARTIES)["strategies"]["mixup-union"]
     assert {q["party"] for q in noisy["quarantined"]} <= {BAD}
     assert noisy["parties-used"] >= PARTIES - 1 and noisy["accuracy"] >= clean["accuracy"] - 0.01
+
+
+@pytest.mark.parametrize("kind", ["relabel-target", "relabel-flip"])
+def test_a_consistent_liar_tells_one_lie_everywhere_and_its_own_word_cannot_contradict_it(quickstart, kind):
+    """A consistent liar relabels its data before anything else: its training rows, its validation split, the counts
+    it reports and its upload's label mix all carry the same relabelling, so `label-mix` (the party against its own
+    word) has nothing to hold it to; the honest parties' data are untouched."""
+    settings, uploads, evidence = quickstart
+    lying = settings.replace(fault=f"{kind}:{BAD}")
+    honest_train, honest_val = load_partition(settings, BAD, PARTIES), load_partition(settings, BAD, PARTIES,
+                                                                                      "validation")
+    train, val = load_partition(lying, BAD, PARTIES), load_partition(lying, BAD, PARTIES, "validation")
+    classes = honest_train.num_classes
+    mapping = {}  # honest label -> told label, over both splits: one function of the label
+    for told, true in ((train.labels, honest_train.labels), (val.labels, honest_val.labels)):
+        assert torch.equal(train.x, honest_train.x) if told is train.labels else torch.equal(val.x, honest_val.x)
+        for t, h in zip(told.tolist(), true.tolist()):
+            assert mapping.setdefault(h, t) == t, "one honest class told as two"
+    assert any(h != t for h, t in mapping.items())
+    if kind == "relabel-flip":
+        assert all(h != t for h, t in mapping.items()) and len(set(mapping.values())) == len(mapping)
+    else:
+        common = int(np.argmax(np.bincount(torch.cat([honest_train.labels, honest_val.labels]).numpy(),
+                                           minlength=classes)))
+        assert {h: t for h, t in mapping.items() if h != t} == {common: (common + 1) % classes}
+    assert validation_counts(lying, BAD, PARTIES) == np.bincount(val.labels.numpy(), minlength=classes).tolist()
+    liar = prepare_upload(lying, BAD, PARTIES)
+    held = np.bincount(train.labels.numpy(), minlength=classes) > 0  # its upload's label mass: the told classes
+    assert np.array_equal(liar.arrays["y"].sum(0) > 1e-6, held)
+    faulty = list(evidence)
+    faulty[BAD] = plausibility.examine(BAD, liar.arrays["x"], liar.arrays["y"], liar.metrics, lying)
+    assert plausibility.label_mix(faulty[BAD], 1e-3 / PARTIES).chance > 1e-2  # its word agrees with its upload
+    other = load_partition(lying, BAD + 1, PARTIES)
+    assert torch.equal(other.labels, load_partition(settings, BAD + 1, PARTIES).labels)
+
+
+def test_a_uniform_class_prior_moves_the_prior_term_and_nothing_else(quickstart):
+    """class-prior uniform: every class's label mass rescaled alike, so a Gaussian discriminant's logits move by
+    exactly log(1/C) - log(pi_c) (its class means, covariance and noise debiasing unchanged), and the setting
+    reaches the trainers through `fit`."""
+    from fedsmix import trainers
+
+    settings, uploads, _ = quickstart
+    uploads = uploads[:4]  # four Dirichlet(0.5) parties: a skewed union (the ten together are nearly balanced)
+    union = Union(np.concatenate([u.arrays["x"] for u in uploads]), np.concatenate([u.arrays["y"] for u in uploads]),
+                  np.concatenate([np.full(len(u.arrays["y"]), p) for p, u in enumerate(uploads)]))
+    even = trainers.balanced(union)
+    assert even.y is union.y and even.x is union.x  # the rows and their labels are the union's
+    mass = even.training_labels().astype(np.float64).sum(0)
+    assert np.allclose(mass, mass.mean(), rtol=1e-5) and math.isclose(mass.sum(), len(union), rel_tol=1e-5)
+    prior = union.y.astype(np.float64).sum(0) / len(union)
+    assert prior.max() / prior.min() > 1.2  # a union whose prior is not already uniform
+    base = settings.replace(trainer="lda", head_penalties=(1.0,), robust_training="off")
+    shape, classes = tuple(union.x.shape[1:]), union.y.shape[1]
+    plain = trainers.fit(base, union, shape, classes, "cpu", ["lda@1"]).models["lda@1"]
+    uniform = trainers.fit(base.replace(class_prior="uniform"), union, shape, classes, "cpu", ["lda@1"]).models["lda@1"]
+    x = torch.from_numpy(union.x[:50])
+    with torch.no_grad():
+        moved = (uniform(x) - plain(x)).double()
+    expected = torch.from_numpy(np.log(1.0 / classes) - np.log(prior))
+    assert torch.allclose(moved, expected.expand_as(moved), atol=1e-3)
+    ridge = trainers.fit(base.replace(trainer="ridge"), union, shape, classes, "cpu", ["ridge@1"]).models["ridge@1"]
+    by_labels = trainers.fit(base.replace(trainer="ridge"), Union(union.x, even.training_labels(), union.parties),
+                             shape, classes, "cpu", ["ridge@1"]).models["ridge@1"]  # ridge on the reweighted labels
+    scaled = trainers.fit(base.replace(trainer="ridge", class_prior="uniform"), union, shape, classes, "cpu",
+                          ["ridge@1"]).models["ridge@1"]
+    with torch.no_grad():
+        assert torch.allclose(scaled(x), by_labels(x), atol=1e-4) and not torch.allclose(scaled(x), ridge(x), atol=1e-2)
 
 
 def test_a_replayed_upload_is_caught_and_the_first_arrival_kept(quickstart):

@@ -80,6 +80,17 @@ def linear_heads(kind: str, m: Moments, gammas: tuple[float, ...], noise_var: fl
     return heads
 
 
+def reweighted(head: LinearHead, kind: str, class_weights) -> LinearHead:
+    """The head as if fitted to labels whose class c entries were multiplied by class_weights[c] (fedsmix.trainers.
+    union.balanced): a ridge head's scores (linear in the labels) times the weight; a discriminant's log-prior term
+    plus its log (its class means and within-class covariance are the data's, not the labels' weighting)."""
+    f = torch.as_tensor(class_weights, dtype=torch.float64)
+    weight, bias = head.linear.weight.detach().double().T, head.linear.bias.detach().double()
+    if kind in ("lda", "lda-public"):
+        return LinearHead(weight, bias + f.clamp_min(1e-300).log())
+    return LinearHead(weight * f, bias * f)
+
+
 def _floored(cov: torch.Tensor) -> torch.Tensor:
     """The nearest positive semi-definite matrix in the eigenbasis (negative eigenvalues set to 0)."""
     values, vectors = torch.linalg.eigh((cov + cov.T) / 2)
@@ -106,6 +117,8 @@ def _family(kind: str, needs_public: bool = False) -> Trainer:
         gammas = tuple(float(name.split("@")[1]) for name in names)
         prior = public_covariance(job.public) if needs_public and job.public is not None else None
         heads = linear_heads(kind, m, gammas, job.union.noise_var, job.union.mix_scale, prior)
+        if job.union.class_weights is not None:
+            heads = {name: reweighted(head, kind, job.union.class_weights) for name, head in heads.items()}
         info = {"noise-var": job.union.noise_var, "mix-scale": job.union.mix_scale}
         return {name: (head, dict(info)) for name, head in heads.items()}
 

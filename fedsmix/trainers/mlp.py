@@ -82,8 +82,9 @@ def _trained(job: Job) -> tuple[nn.Module, dict]:
         cfg = train_config(settings, job.device)
         if settings.robust_training == "trim":
             cfg = dataclasses.replace(cfg, trim=settings.robust_trim)
-        model, report = train_classifier(settings, job.union.x, job.union.y, job.sample_shape, job.num_classes,
-                                         job.device, cfg=cfg, build=union_classifier, **job.train_options)
+        model, report = train_classifier(settings, job.union.x, job.union.training_labels(), job.sample_shape,
+                                         job.num_classes, job.device, cfg=cfg, build=union_classifier,
+                                         **job.train_options)
         return model, {"epochs": report.epochs_run, "seconds": report.seconds, "losses": report.losses,
                        "resumed-from": report.resumed_from}
 

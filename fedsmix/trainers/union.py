@@ -3,7 +3,7 @@ nothing, the noise and mixing statistics the parties report, and its second mome
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -46,13 +46,20 @@ class Union:
     parties: np.ndarray
     noise_var: float = 0.0
     mix_scale: float = 1.0
+    class_weights: np.ndarray | None = None  # (C,) the class prior's reweighting (`balanced`); None: the uploads'
 
     def __len__(self) -> int:
         return len(self.y)
 
     def subset(self, rows: np.ndarray) -> Union:
         rows = np.asarray(rows, dtype=np.int64)
-        return Union(Rows(self.x, rows), self.y[rows], self.parties[rows], self.noise_var, self.mix_scale)
+        return replace(self, x=Rows(self.x, rows), y=self.y[rows], parties=self.parties[rows])
+
+    def training_labels(self) -> np.ndarray:
+        """The soft labels a loss-trained family fits: each class's entries times its class weight, if any."""
+        if self.class_weights is None:
+            return self.y
+        return (np.asarray(self.y, dtype=np.float64) * self.class_weights).astype(np.float32)
 
     def local_rows(self, rows: np.ndarray) -> dict[int, np.ndarray]:
         """Global row indices -> each party's own upload rows (what the party can map to its samples)."""
@@ -95,22 +102,20 @@ def clipped(union: Union, seed: int = 0, factor: float = CLIP_FACTOR, sample: in
     picked = np.asarray(union.x[rows], dtype=np.float32).reshape(len(rows), -1)
     center = np.median(picked, axis=0)
     bound = factor * float(np.median(np.linalg.norm((picked - center).astype(np.float64), axis=1)))
-    view = Clipped(union.x, center.reshape(tuple(union.x.shape[1:])), bound)
-    return Union(view, union.y, union.parties, union.noise_var, union.mix_scale)
+    return replace(union, x=Clipped(union.x, center.reshape(tuple(union.x.shape[1:])), bound))
 
 
 def balanced(union: Union) -> Union:
-    """class-prior uniform: the union with every class's label mass rescaled to the same total (a soft label's
-    class-c entry times (1 / C) / pi_c, pi_c the union's label share of class c; the mean row still weighs 1).
-    Every trainer then learns a uniform class prior, which no party can move, and nothing else changes: the
-    discriminants' class means are ratios of label-weighted sums, the MLP minimises the class-balanced soft
-    cross-entropy, ridge regresses the reweighted targets. A class absent from the union stays absent."""
-    y = np.asarray(union.y, dtype=np.float64)
-    mass = y.sum(axis=0)
+    """class-prior uniform: the union with `class_weights` set, f_c = (1 / C) / pi_c for pi_c the union's label share
+    of class c (a class absent from the union keeps weight 0), so that every trainer learns a uniform class prior,
+    which no party can move, and nothing else: the MLP minimises the class-balanced soft cross-entropy
+    (`training_labels`), a closed-form head's scores are rescaled as if fitted to the reweighted labels (ridge: the
+    scores times f_c; lda: log f_c added to the log-prior term). The rows and their labels are the union's."""
+    mass = np.asarray(union.y, dtype=np.float64).sum(axis=0)
     held = mass > 0
-    factor = np.zeros_like(mass)
-    factor[held] = mass[held].sum() / held.sum() / mass[held]
-    return Union(union.x, (y * factor).astype(np.float32), union.parties, union.noise_var, union.mix_scale)
+    weights = np.zeros_like(mass)
+    weights[held] = mass[held].sum() / held.sum() / mass[held]
+    return replace(union, class_weights=weights)
 
 
 @lru_cache(maxsize=8)
