@@ -18,12 +18,21 @@ Settings: digits at tau 1 and CIFAR-10 EfficientNet-Lite0 features (64 px, 20,00
 party 3 dishonest (label-target 1, label-flip).
 Results in benchmarks/results/influence.json; about 4 min on 2 cores with the feature cache warm.
 
-    .venv/bin/python benchmarks/influence.py
+3. `--caps`: rules that would bound one party's influence on the class statistics, on the closed-form `lda@1` head
+   (what `trainer: auto` chooses there) at tau 1e-3 on the CIFAR-10 features, one seed: each party's label mass in
+   a class capped (at the second-largest party's, `top-2`; at 30 % of the class, `share-0.3`), and the log-prior
+   term replaced by the median or the trimmed mean (largest and smallest party dropped) of the parties' class
+   shares, or a uniform prior. Scored on the test split, as an analysis of the rules, never to choose among them in
+   a run. Cases: clean, every party under its own acquisition (honest), party 3 a consistent liar (relabel-target 1,
+   relabel-flip). Results in benchmarks/results/influence_caps.json, about 3 min.
+
+    .venv/bin/python benchmarks/influence.py [--caps]
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import numpy as np
@@ -32,6 +41,7 @@ from common import DATA_DIR, PROJECT, write
 
 from fedsmix.config import load_settings
 from fedsmix.party import load_partition, prepare_upload
+from fedsmix.space import load_test
 from fedsmix.trainers import Moments, linear_heads, union_statistics
 
 PARTIES, BAD = 10, 3
@@ -108,6 +118,73 @@ def class_means(settings, uploads, min_weight: float = 20.0) -> list[float]:
     return shares
 
 
+CAP_CASES = {"clean": {}, "feature skew 1 (honest)": {"feature-skew": 1.0},
+             "relabel-target 1": {"fault": f"relabel-target:{BAD}", "fault-strength": 1.0},
+             "relabel-flip": {"fault": f"relabel-flip:{BAD}"}}
+MASS_CAPS = ("none", "top-2", "share-0.3")
+PRIORS = ("pooled", "median", "trimmed", "uniform")
+
+
+def capped_mass(mass: np.ndarray, rule: str) -> np.ndarray:
+    """(parties, C) label mass -> the factor each party's mass in each class is multiplied by under `rule`."""
+    factor = np.ones_like(mass)
+    for c in range(mass.shape[1]):
+        m = mass[:, c]
+        if rule == "top-2":  # no party above the second-largest holder of the class
+            cap = np.sort(m)[-2]
+        elif rule == "share-0.3":  # water-filling: the top k parties at c = 0.3 (c k + the rest's mass)
+            order, cap = np.sort(m)[::-1], np.inf
+            for k in range(1, len(m)):
+                if 1 - 0.3 * k <= 0 or order[0] <= 0.3 * m.sum():
+                    break
+                level = 0.3 * order[k:].sum() / (1 - 0.3 * k)
+                if order[k] <= level < order[k - 1]:
+                    cap = level
+                    break
+        else:
+            continue
+        factor[:, c] = np.where(m > cap, cap / np.maximum(m, 1e-12), 1.0)
+    return factor
+
+
+def robust_prior(mass: np.ndarray, rule: str) -> np.ndarray:
+    shares = mass / mass.sum(axis=1, keepdims=True)
+    prior = {"pooled": lambda: mass.sum(0), "median": lambda: np.median(shares, 0),
+             "trimmed": lambda: np.sort(shares, 0)[1:-1].mean(0), "uniform": lambda: np.ones(mass.shape[1])}[rule]()
+    return prior / prior.sum()
+
+
+def caps() -> None:
+    base = {"preset": "configs/quickstart.yaml", "data-dir": DATA_DIR, **FEATURES, "tau": 1e-3}
+    test_x, test_y = load_test(load_settings(base))
+    rows = []
+    for case, fault in CAP_CASES.items():
+        t0 = time.perf_counter()
+        settings = load_settings({**base, **fault})
+        uploads = [prepare_upload(settings, p, PARTIES) for p in range(PARTIES)]
+        x = np.concatenate([np.asarray(u.arrays["x"], dtype=np.float32).reshape(len(u.arrays["x"]), -1)
+                            for u in uploads])
+        ys = [u.arrays["y"].astype(np.float64) for u in uploads]
+        mass = np.stack([y.sum(0) for y in ys])
+        noise, mix = union_statistics([u.metrics for u in uploads], x.shape[1], settings.encoder)
+        row = {"case": case}
+        for cap in MASS_CAPS:
+            factor = capped_mass(mass, cap)
+            m = Moments.of(x, np.concatenate([y * f for y, f in zip(ys, factor)]))
+            head = linear_heads("lda", m, (1.0,), noise, mix)["lda@1"]
+            learned = m.mean_y.clamp_min(1e-12).log()
+            with torch.no_grad():
+                logits = head(test_x.float()).double()
+            for prior in PRIORS:
+                shift = torch.from_numpy(np.log(robust_prior(mass * factor, prior))) - learned
+                row[f"{cap}, {prior}"] = round(100 * float(((logits + shift).argmax(1) == test_y).float().mean()), 2)
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        rows.append(row)
+        print(row, flush=True)
+        write("influence_caps", {"command": "benchmarks/influence.py --caps", "head": "lda@1", "bad-party": BAD,
+                                 "parties": PARTIES, "setting": {**FEATURES, "tau": 1e-3}, "seed": 0, "rows": rows})
+
+
 def main() -> None:
     rows = []
     for setting, base in SETTINGS.items():
@@ -131,4 +208,4 @@ if __name__ == "__main__":
     import os
 
     os.chdir(PROJECT)
-    main()
+    caps() if "--caps" in sys.argv else main()

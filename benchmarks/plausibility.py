@@ -23,6 +23,10 @@ and label skew together.
     .venv/bin/python benchmarks/plausibility.py --datasets digits     # one data set; the others' rows are kept
     .venv/bin/python benchmarks/plausibility.py --group heterogeneity --datasets digits,mnist
     .venv/bin/python benchmarks/plausibility.py --figure    # what feature skew 1 does to parties 0-5's images
+    .venv/bin/python benchmarks/plausibility.py --group tiny    # 10,000 honest MNIST parties of 5-6 rows
+
+Tiny parties (`--group tiny`): the party-cost benchmark's federation (MNIST, IID, 10,000 parties of 5-6 rows each,
+tau 1), every check on its own over every party, as above; a summary only (benchmarks/results/plausibility_tiny.json).
 """
 
 from __future__ import annotations
@@ -279,15 +283,41 @@ def skew_figure(path, strength: float = 1.0, parties: int = 6, images: int = 8) 
     print(f"wrote {path}")
 
 
+TINY_PARTIES = 10_000
+
+
+def tiny() -> None:
+    """10,000 honest parties of a few rows: what each check would quarantine, in summary."""
+    overrides = {"preset": "configs/quickstart.yaml", "data-dir": DATA_DIR, "dataset": "mnist", "partitioner": "iid"}
+    row = examine_honest(overrides, TINY_PARTIES)
+    chances = list(row["label-mix-chance"].values())
+    summary = {
+        "setting": overrides, "parties": TINY_PARTIES,
+        "rows-per-party": [min(row["rows-per-party"]), max(row["rows-per-party"])],
+        "validation-rows": [min(row["validation-rows"]), max(row["validation-rows"])],
+        "honest-quarantined": row["honest-quarantined"],
+        "flags-per-check": {name: {"flagged": len(v), "parties": v[:20]} for name, v in row["flags-per-check"].items()},
+        "label-mix-chance-min": min(chances), "label-mix-threshold": row["label-mix-threshold"],
+        "spread-ratio-judged": len(row["spread-ratio"]),  # norm-spread judges uploads of at least SPREAD_ROWS rows
+        "energy-ratio": [min(row["energy-ratio"]), max(row["energy-ratio"])],
+        "seconds": row["seconds"],
+    }
+    write("plausibility_tiny", {"command": "benchmarks/plausibility.py --group tiny", **summary})
+    print({k: v for k, v in summary.items() if k != "setting"}, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="digits,mnist,cifar10,cifar10-features")
-    parser.add_argument("--group", choices=("faults", "heterogeneity"), default="faults")
+    parser.add_argument("--group", choices=("faults", "heterogeneity", "tiny"), default="faults")
     parser.add_argument("--quick", action="store_true", help="one setting per data set")
     parser.add_argument("--figure", action="store_true", help="only draw feature skew at strength 1")
     args = parser.parse_args()
     if args.figure:
         skew_figure(PROJECT / "docs" / "results" / "robustness" / "feature-skew-1.png")
+        return
+    if args.group == "tiny":
+        tiny()
         return
     datasets = args.datasets.split(",")
     name = "plausibility" if args.group == "faults" else "plausibility_heterogeneity"

