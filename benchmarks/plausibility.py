@@ -298,7 +298,7 @@ def tiny() -> None:
         "honest-quarantined": row["honest-quarantined"],
         "flags-per-check": {name: {"flagged": len(v), "parties": v[:20]} for name, v in row["flags-per-check"].items()},
         "label-mix-chance-min": min(chances), "label-mix-threshold": row["label-mix-threshold"],
-        "spread-ratio-judged": len(row["spread-ratio"]),  # norm-spread judges uploads of at least SPREAD_ROWS rows
+        "norm-spread-judged": sum(n >= plausibility.SPREAD_ROWS for n in row["rows-per-party"]),  # it abstains below
         "energy-ratio": [min(row["energy-ratio"]), max(row["energy-ratio"])],
         "seconds": row["seconds"],
     }
