@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import data as datalib
-from .config import FAULT_RELABELS, Settings
+from .config import Settings
 from .defences import active
 from .encoders import (
     Calibration,
@@ -33,7 +33,7 @@ from .encoders import (
     encode,
     fixed_radius,
 )
-from .faults import UPDATE_FAULTS, corrupt, corruption, falsify_update, flip_classes, listed, relabel
+from .faults import RELABELS, UPDATE_FAULTS, corrupt, corruption, falsify_update, flip_classes, listed, relabel
 from .models import new_classifier, represent
 from .partition import partition_indices
 from .seeding import generator
@@ -114,7 +114,7 @@ def _partition_rows(settings: Settings, party: int, num_parties: int,
     if subset is not None:
         rows = subset[rows]
     labels = raw.labels[rows].astype(np.int64)
-    lie = listed(settings.fault, party, FAULT_RELABELS)
+    lie = listed(settings.fault, party, RELABELS)
     if lie:
         labels = relabel(lie, labels, raw.spec.num_classes, settings.fault_strength,
                          generator(settings.seed, party, "relabel"))

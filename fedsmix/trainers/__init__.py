@@ -36,8 +36,9 @@ cannot decide (measured in docs/results/robustness.md):
 - `trim` (off unless chosen): the MLP minimises a trimmed loss, each batch without its `robust-trim` fraction of largest
   per-sample losses (rows no model fits: permuted labels, garbage).
 
-`class-prior = uniform` (off unless chosen): every class's label mass rescaled alike before any candidate is fit
-(union.balanced), so the model's class prior is uniform and no party's labels move it. At small tau the prior
+`class-prior = uniform` (off unless chosen): each class weighs as if its label mass were rescaled to the same total
+(union.balanced: the MLP's loss, the closed-form heads' scores), so the model's class prior is uniform and no
+party's labels move it. At small tau the prior
 term decides most predictions, and it is the channel through which one party's consistent label lie costs most.
 """
 
