@@ -150,6 +150,8 @@ class Settings(BaseModel):
                                                       "beta/dist spikes diverge without it); 0 = off")
     # central / local training
     model: Literal["auto", "mlp", "cnn", "lenet5"] = "auto"
+    cnn_width: int = Field(32, ge=1, description="channels of the cnn's first conv block (the second has twice as "
+                                                 "many): its parameter count, so the gradient equations per image")
     epochs: int = Field(30, ge=1)
     batch_size: int = Field(128, ge=1)
     lr: float = Field(1e-3, gt=0)

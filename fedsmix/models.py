@@ -131,7 +131,7 @@ class SyntheticSplitNet(SplitModel):
                         p.copy_(torch.randn(p.shape, generator=generator) + u)
 
 
-def build_classifier(kind: str, sample_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+def build_classifier(kind: str, sample_shape: tuple[int, ...], num_classes: int, cnn_width: int = 32) -> nn.Module:
     """'auto' picks the paper's head for feature vectors and tiny images, a CNN for real images.
 
     'lenet5' is the split LeNet-5 for images and its head alone for cut-layer representations (what
@@ -149,7 +149,7 @@ def build_classifier(kind: str, sample_shape: tuple[int, ...], num_classes: int)
     if kind == "cnn":
         if len(sample_shape) != 3:
             raise ValueError(f"model 'cnn' needs image inputs (C, H, W), got shape {sample_shape}")
-        return SmallCNN(sample_shape[0], num_classes, sample_shape[-1])
+        return SmallCNN(sample_shape[0], num_classes, sample_shape[-1], width=cnn_width)
     raise ValueError(f"model: unknown {kind!r}; allowed: auto, mlp, cnn, lenet5")
 
 
@@ -162,7 +162,7 @@ def new_classifier(settings: Settings, sample_shape: tuple[int, ...], num_classe
     """The run's classifier; the same initial weights for every strategy and party (seeded), as the run's
     defences shape it (model-norm 'group' swaps BatchNorm for GroupNorm: fedsmix/defences.py)."""
     torch.manual_seed(settings.seed)
-    model = build_classifier(model_kind(settings), sample_shape, num_classes)
+    model = build_classifier(model_kind(settings), sample_shape, num_classes, settings.cnn_width)
     for _, defence in active(settings):
         if defence.model is not None:
             model = defence.model(settings, model)

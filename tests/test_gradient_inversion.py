@@ -67,3 +67,25 @@ def test_gradient_inversion_checks_the_update_matches_the_model(victim):
     obs.update = obs.update[:-1]
     with pytest.raises(ValueError, match="trainable parameters"):
         InvertingGradients(steps=8, restarts=1).reconstruct(obs)
+
+
+def test_snapshots_are_one_schedule_read_along_the_way_and_end_at_the_answer(victim):
+    """The budget study's learning curve: the winning restart's unknowns after given steps of one schedule."""
+    settings, part = victim
+    obs = first_round_update(settings, part, torch.tensor([0]), mu=0.0, batch_size=1, local_epochs=1)
+    attack = InvertingGradients(steps=40, restarts=2, seed=0, snapshots=(10, 40, 99))
+    x_hat = attack.reconstruct(obs)
+    assert sorted(attack.taken) == [10, 40]  # a step beyond the schedule is never reached
+    assert torch.equal(attack.taken[40], x_hat)
+    assert not torch.equal(attack.taken[10], x_hat)
+
+
+def test_cnn_width_sets_the_model_whose_update_the_attacker_inverts(victim):
+    """`cnn-width` widens both conv blocks: more gradient equations per unknown pixel for the same batch."""
+    settings, part = victim
+    narrow = first_round_update(settings, part, torch.arange(4), mu=0.0, batch_size=4, local_epochs=1)
+    wide = first_round_update(settings.replace(cnn_width=64), part, torch.arange(4), mu=0.0, batch_size=4,
+                              local_epochs=1)
+    count = lambda obs: sum(u.numel() for u in obs.update)  # noqa: E731
+    assert wide.model.features[0].out_channels == 64 and narrow.model.features[0].out_channels == 32
+    assert count(wide) > 2 * count(narrow)

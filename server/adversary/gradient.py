@@ -189,6 +189,7 @@ class InvertingGradients(Attack):
         labels: str = "known",
         label_inputs: torch.Tensor | None = None,
         dropout: str = "replay",
+        snapshots: tuple[int, ...] = (),
     ):
         if steps < 8:
             raise ValueError(f"gradient inversion needs at least 8 steps for its schedule, got {steps}")
@@ -201,6 +202,7 @@ class InvertingGradients(Attack):
         self.steps, self.restarts, self.lr, self.tv, self.seed, self.signed = steps, restarts, lr, tv, seed, signed
         self.bn, self.alpha_bn, self.labels, self.label_inputs = bn, alpha_bn, labels, label_inputs
         self.dropout = dropout
+        self.snapshots = tuple(sorted(int(k) for k in snapshots if 0 < int(k) <= steps))
         norm = "the batch's statistics known (BN_exact)" if bn == "exact" else "statistics inferred (BN_infer)"
         masks = "known" if dropout == "known" else "not known"
         self.threat_model = (
@@ -208,6 +210,9 @@ class InvertingGradients(Attack):
         )
         self.last_losses: list[float] = []
         self.restored: torch.Tensor | None = None  # the labels restoration produced, when it ran
+        # the winning restart's unknowns after each of `snapshots` steps (of this schedule: a learning curve of
+        # one long run, not of shorter runs, whose step size decays sooner); before any unmixing
+        self.taken: dict[int, torch.Tensor] = {}
 
     def reconstruct(self, observation: GradientObservation) -> torch.Tensor:
         obs = observation
@@ -230,10 +235,10 @@ class InvertingGradients(Attack):
         generator = torch.Generator().manual_seed(self.seed)
         best, best_loss, self.last_losses = None, float("inf"), []
         for _ in range(self.restarts):
-            x_hat, loss = self._trial(model, params, target, masks, labels, obs, norms, generator)
+            x_hat, loss, taken = self._trial(model, params, target, masks, labels, obs, norms, generator)
             self.last_losses.append(loss)
             if loss < best_loss:
-                best, best_loss = x_hat, loss
+                best, best_loss, self.taken = x_hat, loss, taken
         if obs.masked:  # InstaHide: the recovered inputs are sign-masked mixtures; unmix |x| with the known weights
             from .abs_solve import AbsSolve
 
@@ -277,12 +282,14 @@ class InvertingGradients(Attack):
         weights = obs.mix_weights.float()
         return sum(weights[:, j].view(view) * unknown[obs.mix_sources[:, j]] for j in range(obs.mix_sources.shape[1]))
 
-    def _trial(self, model, params, target, masks, labels, obs, norms, generator) -> tuple[torch.Tensor, float]:
+    def _trial(self, model, params, target, masks, labels, obs, norms, generator
+               ) -> tuple[torch.Tensor, float, dict[int, torch.Tensor]]:
         x_hat, (lo, hi) = self._unknowns(obs, len(labels), generator)
         optimizer = torch.optim.Adam([x_hat], lr=self.lr)
         milestones = [int(self.steps * f) for f in (3 / 8, 5 / 8, 7 / 8)]
         schedule = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
-        for _ in range(self.steps):
+        taken = {}
+        for step in range(1, self.steps + 1):
             optimizer.zero_grad()
             loss = self._objective(model, params, target, masks, labels, x_hat, obs, norms)
             loss.backward()
@@ -293,8 +300,10 @@ class InvertingGradients(Attack):
             if lo is not None:
                 with torch.no_grad():
                     x_hat.data = torch.maximum(torch.minimum(x_hat.data, hi), lo)
+            if step in self.snapshots:
+                taken[step] = x_hat.detach().clone()
         final = float(self._objective(model, params, target, masks, labels, x_hat, obs, norms).detach())
-        return x_hat.detach(), final
+        return x_hat.detach(), final, taken
 
     def _objective(self, model, params, target, masks, labels, x_hat, obs, norms) -> torch.Tensor:
         loss = soft_cross_entropy(model(self._inputs(obs, x_hat)), labels)
