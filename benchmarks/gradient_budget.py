@@ -30,18 +30,22 @@ import time
 import common  # noqa: F401  (sets the OpenMP wait policy before torch loads)
 import torch
 
+from commands.frontier.plan import parse_row
 from fedsmix import data as datalib
 from fedsmix.config import load_settings
 from fedsmix.party import load_partition
 from server.adversary.analysis import Blind, leakage
 from server.adversary.cases import match_rows, public_samples, update_case
 from server.adversary.gradient import InvertingGradients
+from server.adversary.registry import public_probe
 
 PRESETS = {"cifar10": "configs/frontier-defences-cifar10.yaml", "mnist": "configs/frontier-defences-mnist.yaml"}
 
 # name: (steps or None for --steps, restarts, tv, alpha_BN, bn, dropout masks)
 ATTACKERS = {
-    "frontier": (500, 2, 1e-2, 1e-2, "exact", "known"),  # the frontier's gradient study
+    "frontier": (500, 2, 1e-2, 1e-2, "exact", "known"),  # the frontier's gradient study, as its tables ran
+    "frontier-probe": (500, 2, (1e-2, 1e-1), 1e-2, "exact", "known"),  # the same, alpha_TV chosen on a public probe
+    "frontier-probe-infer": (500, 2, (1e-2, 1e-1), 1e-2, "infer", "replay"),  # its realistic attacker, alike
     "exact": (None, 1, 0.1, 5e-3, "exact", "known"),  # GradAttack's BN_exact command
     "exact-tv0.01": (None, 1, 1e-2, 5e-3, "exact", "known"),  # the appendix's best tv for one image (its Fig. 4)
     "infer": (None, 1, 0.05, 1e-3, "infer", "replay"),  # GradAttack's realistic command, labels known
@@ -55,21 +59,24 @@ def gains(report: dict, name: str) -> dict:
             "ssim": score.get("ssim_mean"), "st_lpips": score.get("st_lpips_mean")}
 
 
-def run(dataset: str, width: int, batch: int, attacker: str, steps: int, snapshots: tuple[int, ...], seed: int
-        ) -> list[dict]:
+def run(dataset: str, row: str, width: int, batch: int, attacker: str, steps: int, snapshots: tuple[int, ...],
+        seed: int) -> list[dict]:
     settings = load_settings({"cnn-width": width, "seed": seed}, preset=PRESETS[dataset])
+    settings = settings.replace(**parse_row(row).overrides)  # the row's defences, as the frontier applies them
     parties = 5  # the frontier-defences presets' federation (frontier: parties)
     part = load_partition(settings, 0, parties)
     rows = torch.arange(batch)
     case = update_case(settings, part, rows, proximal_mu=0.0, batch_size=batch, local_epochs=1)
     fixed_steps, restarts, tv, alpha_bn, bn, dropout = ATTACKERS[attacker]
     steps = fixed_steps or steps
+    curve = fixed_steps is None and not case.observation.masked  # InstaHide's unknowns are the masked inputs
+    public = public_samples(settings, part.spec)
+    probe = public_probe(settings, public) if isinstance(tv, tuple) else None
     attack = InvertingGradients(steps, restarts, tv=tv, seed=seed, bn=bn, alpha_bn=alpha_bn, labels="known",
-                                dropout=dropout, snapshots=snapshots if fixed_steps is None else ())
+                                dropout=dropout, snapshots=snapshots if curve else (), probe=probe)
     def to_unit(t):
         return datalib.denormalize(t, part.spec)
 
-    public = public_samples(settings, part.spec)
     blind = Blind.of(public, to_unit)
     started = time.perf_counter()
     final = attack.reconstruct(case.observation)
@@ -85,15 +92,16 @@ def run(dataset: str, width: int, batch: int, attacker: str, steps: int, snapsho
     out = []
     for k in sorted(estimates):
         out.append({
-            "dataset": dataset, "cnn-width": width, "parameters": params, "batch": batch,
-            "equations-per-unknown": round(params / unknowns, 2), "attacker": attacker, "tv": tv,
+            "dataset": dataset, "row": row, "cnn-width": width, "parameters": params, "batch": batch,
+            "equations-per-unknown": round(params / unknowns, 2), "attacker": attacker, "tv": attack.tv,
+            "probe-snr-db": {f"{t:g}": round(v, 2) for t, v in attack.probe_scores.items()} or None,
             "alpha-bn": alpha_bn, "bn": bn, "restarts": restarts, "schedule-steps": steps, "steps": k,
             "seconds": round(seconds * k / steps, 1), "seconds-per-step": round(seconds / (steps * restarts), 4),
             **gains(report, str(k)),
         })
         r = out[-1]
         shown = {key: "n/a" if r[key] is None else f"{r[key]:+.3f}" for key in ("gain_snr_db", "ssim", "gain_st_lpips")}
-        print(f"{dataset} width {width} B={batch} {attacker} step {k}/{steps}: gain {shown['gain_snr_db']} dB, "
+        print(f"{dataset} {row} width {width} B={batch} {attacker} step {k}/{steps}: gain {shown['gain_snr_db']} dB, "
               f"SSIM {shown['ssim']}, ST-LPIPS gain {shown['gain_st_lpips']} ({seconds:.0f} s)", flush=True)
     return out
 
@@ -101,6 +109,8 @@ def run(dataset: str, width: int, batch: int, attacker: str, steps: int, snapsho
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="cifar10", choices=sorted(PRESETS))
+    parser.add_argument("--rows", default="fedavg", help="frontier rows: fedavg and its defences, e.g. "
+                        "fedavg-prune0.9,fedavg-mixup-k4,fedavg-instahide-k4,fedavg-instahide-k4-prune0.9")
     parser.add_argument("--batch", default="16,32")
     parser.add_argument("--widths", default="32")
     parser.add_argument("--attackers", default="frontier,exact,infer")
@@ -116,13 +126,18 @@ def main() -> None:
     if existing.is_file():  # runs of other datasets / widths already measured stay in the file
         import json
 
-        rows = [r for r in json.loads(existing.read_text()).get("rows", [])
-                if r["dataset"] != args.dataset or str(r["cnn-width"]) not in args.widths.split(",")]
-    for width in (int(w) for w in args.widths.split(",")):
-        for batch in (int(b) for b in args.batch.split(",")):
-            for attacker in args.attackers.split(","):
-                rows += run(args.dataset, width, batch, attacker, args.steps, snapshots, args.seed)
-                common.write(args.out, {"args": vars(args), "wall-seconds": round(time.time() - started), "rows": rows})
+        rows = json.loads(existing.read_text()).get("rows", [])
+    for row in args.rows.split(","):
+        for width in (int(w) for w in args.widths.split(",")):
+            for batch in (int(b) for b in args.batch.split(",")):
+                for attacker in args.attackers.split(","):
+                    new = run(args.dataset, row, width, batch, attacker, args.steps, snapshots, args.seed)
+                    key = {(r["dataset"], r.get("row", "fedavg"), r["cnn-width"], r["batch"], r["attacker"],
+                            r["schedule-steps"]) for r in new}
+                    rows = [r for r in rows if (r["dataset"], r.get("row", "fedavg"), r["cnn-width"], r["batch"],
+                                                r["attacker"], r["schedule-steps"]) not in key] + new
+                    common.write(args.out, {"args": vars(args), "wall-seconds": round(time.time() - started),
+                                            "rows": rows})
 
 
 if __name__ == "__main__":

@@ -89,3 +89,29 @@ def test_cnn_width_sets_the_model_whose_update_the_attacker_inverts(victim):
     count = lambda obs: sum(u.numel() for u in obs.update)  # noqa: E731
     assert wide.model.features[0].out_channels == 64 and narrow.model.features[0].out_channels == 32
     assert count(wide) > 2 * count(narrow)
+
+
+def test_alpha_tv_grid_is_chosen_on_a_public_probe_put_through_the_same_round(victim):
+    """The attacker tunes alpha_TV on public images it trains through the victims' round itself (same model, batch
+    size, steps, labels), never on the victims; the best probe reconstruction decides."""
+    from server.adversary.registry import build_attack, public_probe
+
+    settings, part = victim
+    public = public_samples(settings, part.spec)
+    obs = first_round_update(settings, part, torch.arange(4), mu=0.0, batch_size=4, local_epochs=1)
+    probe = public_probe(settings, public)(obs)
+    assert torch.equal(probe.truth, public[:4].float())  # the attacker's own images, not the victims'
+    same = torch.equal(probe.observation.labels.sort().values, obs.labels.sort().values)  # the step shuffles rows
+    assert same and probe.observation.batch_size == 4
+    assert probe.observation.local_steps == obs.local_steps
+    assert all(torch.equal(a, b) for a, b in zip(probe.observation.model.state_dict().values(),
+                                                 obs.model.state_dict().values()))
+    attack = build_attack("gradient", settings, public=public, gradient_steps=16, gradient_restarts=1,
+                          gradient_tv=(1e-2, 1e-1))
+    x_hat = attack.reconstruct(obs)
+    assert set(attack.probe_scores) == {1e-2, 1e-1}
+    assert attack.tv == max(attack.probe_scores, key=attack.probe_scores.get)
+    assert x_hat.shape == (4, *part.sample_shape) and "chosen on a public probe" in attack.threat_model
+    fixed = build_attack("gradient", settings, public=public, gradient_steps=16, gradient_restarts=1, gradient_tv=0.1)
+    fixed.reconstruct(obs)
+    assert fixed.probe_scores == {} and fixed.tv == 0.1  # one value: no probe is run

@@ -191,7 +191,9 @@ class FrontierPlan(BaseModel):
     gradient_local_epochs: int = Field(1, ge=1, description="local epochs over those images: local steps")
     gradient_steps: int = Field(1000, ge=8)
     gradient_restarts: int = Field(2, ge=1)
-    gradient_tv: float = Field(1e-2, ge=0)
+    gradient_tv: tuple[float, ...] = Field(
+        (1e-2, 1e-1), description="alpha_TV, or a grid the attacker chooses on a public probe batch (the appendix: "
+                                  "1e-2 for one image, its code 0.1 for batches)")
     gradient_alpha_bn: float = Field(1e-2, ge=0, description="weight of the BatchNorm regulariser (alpha_BN)")
     gradient_labels: Literal["known", "restored"] = "known"
     gradient_round: Literal["first", "last"] = Field(
@@ -214,7 +216,7 @@ class FrontierPlan(BaseModel):
     attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "gradient", "gradient-realistic",
                                 "inversion", "inversion-decoder")
 
-    @field_validator("rows", "reencoding", "attacks", "gradient_study", "inversion_tv", mode="before")
+    @field_validator("rows", "reencoding", "attacks", "gradient_study", "inversion_tv", "gradient_tv", mode="before")
     @classmethod
     def _csv(cls, value: Any):
         if isinstance(value, str):
@@ -222,6 +224,13 @@ class FrontierPlan(BaseModel):
         if isinstance(value, int | float):
             return (value,)
         return tuple(value)
+
+    @field_validator("gradient_tv")
+    @classmethod
+    def _tv_grid(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or min(value) < 0:
+            raise ValueError("give one or more alpha_TV values >= 0")
+        return value
 
     @field_validator("attacks")
     @classmethod

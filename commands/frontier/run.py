@@ -387,6 +387,8 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
     study = reencoding(rows, row_settings, runs, where, plan)
     gstudy, gpanels = gradient_study(rows, row_settings, runs, where, plan)
     vict = where["pixels"].vict
+    tv_text = "/".join(f"{t:g}" for t in plan.gradient_tv) + (
+        ", chosen on a public probe batch" if len(plan.gradient_tv) > 1 else "")
     attacked_round = ("first-round update (initial model)" if plan.gradient_round == "first"
                       else f"round-{base.rounds + 1} update (the row's trained global model)")
     meta = {
@@ -398,7 +400,7 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
             f"{len(vict.index)} of {len(vict.part.x)} samples, the same for every attack. Central/local training "
             f"{base.epochs} epochs, FedAvg/FedProx {base.rounds} rounds x {base.local_epochs} local epoch(s) "
             f"(mu {base.proximal_mu}), batch {base.batch_size}. abs-solve {base.attack_steps} iterations; gradient "
-            f"inversion {plan.gradient_steps} steps x {plan.gradient_restarts} restarts (TV {plan.gradient_tv:g}, "
+            f"inversion {plan.gradient_steps} steps x {plan.gradient_restarts} restarts (TV {tv_text}, "
             f"alpha_BN {plan.gradient_alpha_bn:g}, labels {plan.gradient_labels}) on the "
             f"{attacked_round} "
             f"of B={plan.gradient_batch_size} image(s), {plan.gradient_local_epochs} local epoch(s); 'gradient' is the "

@@ -12,6 +12,13 @@ unknown in general and dropout is switched off; after one SGD step on one image,
 mask in front of a linear layer can be read off that layer's update (dropped inputs moved by
 weight decay alone), and the attacker replays it.
 
+alpha_TV may be a grid: the attacker then chooses it on its own data, never on a victim's. `probe` builds a case
+of public images put through the party's round as the victims' batch was (the same global model, batch size,
+steps and batch defence, the victims' known labels; `registry.public_probe`), each alpha_TV reconstructs that
+batch (one restart), and the one whose reconstructions are closest to the public images (mean SNR) attacks the
+victims. The appendix's own values differ by batch size (alpha_TV 1e-2 for one image, its Figure 4; its code runs
+0.1 / 0.05 for batches of 16), so a fixed value is weak somewhere.
+
 The appendix's settings (../shared/papers/gradient-inversion-eval-appendix.txt):
 - BatchNorm: the dummy batch is normalised by its own statistics, as the party's training normalised its
   batch, and the BN regulariser alpha_BN (||mu - mu*|| + ||var - var*|| per layer) pulls them towards the
@@ -32,6 +39,7 @@ The appendix's settings (../shared/papers/gradient-inversion-eval-appendix.txt):
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -181,7 +189,7 @@ class InvertingGradients(Attack):
         steps: int = 1000,
         restarts: int = 2,
         lr: float = 0.1,
-        tv: float = 1e-2,
+        tv: float | tuple[float, ...] = 1e-2,
         seed: int = 0,
         signed: bool = True,
         bn: str = "infer",
@@ -190,6 +198,7 @@ class InvertingGradients(Attack):
         label_inputs: torch.Tensor | None = None,
         dropout: str = "replay",
         snapshots: tuple[int, ...] = (),
+        probe: Callable[[GradientObservation], object] | None = None,
     ):
         if steps < 8:
             raise ValueError(f"gradient inversion needs at least 8 steps for its schedule, got {steps}")
@@ -199,14 +208,22 @@ class InvertingGradients(Attack):
             raise ValueError(f"gradient attack: labels {labels!r}; allowed: known, restored")
         if dropout not in ("known", "replay"):
             raise ValueError(f"gradient attack: dropout {dropout!r}; allowed: known (the party's masks), replay")
-        self.steps, self.restarts, self.lr, self.tv, self.seed, self.signed = steps, restarts, lr, tv, seed, signed
+        self.tvs = tuple(float(t) for t in tv) if isinstance(tv, tuple | list) else (float(tv),)
+        if not self.tvs or min(self.tvs) < 0:
+            raise ValueError(f"gradient attack: tv {tv!r}; one or more values >= 0")
+        self.steps, self.restarts, self.lr, self.seed, self.signed = steps, restarts, lr, seed, signed
+        self.tv, self.probe = self.tvs[0], probe
+        self.probe_scores: dict[float, float] = {}  # alpha_TV -> mean SNR (dB) on the public probe, when chosen
         self.bn, self.alpha_bn, self.labels, self.label_inputs = bn, alpha_bn, labels, label_inputs
         self.dropout = dropout
         self.snapshots = tuple(sorted(int(k) for k in snapshots if 0 < int(k) <= steps))
         norm = "the batch's statistics known (BN_exact)" if bn == "exact" else "statistics inferred (BN_infer)"
         masks = "known" if dropout == "known" else "not known"
+        tvs = f"alpha_TV {self.tvs[0]:g}" if len(self.tvs) == 1 else (
+            f"alpha_TV among {', '.join(f'{t:g}' for t in self.tvs)} chosen on a public probe batch")
         self.threat_model = (
-            f"{self.threat_model}; BatchNorm {norm}, alpha_BN {alpha_bn:g}, labels {labels}, dropout masks {masks}"
+            f"{self.threat_model}; BatchNorm {norm}, alpha_BN {alpha_bn:g}, {tvs}, labels {labels}, dropout masks "
+            f"{masks}"
         )
         self.last_losses: list[float] = []
         self.restored: torch.Tensor | None = None  # the labels restoration produced, when it ran
@@ -215,6 +232,31 @@ class InvertingGradients(Attack):
         self.taken: dict[int, torch.Tensor] = {}
 
     def reconstruct(self, observation: GradientObservation) -> torch.Tensor:
+        if len(self.tvs) > 1 and self.probe is not None:
+            self.tv = self.choose_tv(observation)
+        return self._reconstruct(observation)
+
+    def choose_tv(self, observation: GradientObservation) -> float:
+        """The alpha_TV of the grid that best reconstructs the public probe batch (mean SNR, one restart each)."""
+        from fedsmix.metrics import snr_db
+
+        case = self.probe(observation)
+        truth = case.truth.float()
+        restarts, scores = self.restarts, {}
+        self.restarts = 1
+        try:
+            for tv in self.tvs:
+                self.tv = tv
+                x_hat = self._reconstruct(case.observation)[case.rows]
+                if case.align is not None:
+                    x_hat = case.align(truth, x_hat)
+                scores[tv] = float(snr_db(truth, x_hat).mean())
+        finally:
+            self.restarts = restarts
+        self.probe_scores = scores
+        return max(scores, key=scores.get)
+
+    def _reconstruct(self, observation: GradientObservation) -> torch.Tensor:
         obs = observation
         one_step = obs.batch_size == 1 and obs.local_steps == 1 and obs.mix_weights is None
         masks = obs.dropout_masks if self.dropout == "known" else None

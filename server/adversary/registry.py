@@ -70,17 +70,49 @@ def _averaging(settings: Settings, **_) -> Attack:
     return Averaging()
 
 
+def public_probe(settings: Settings, public: torch.Tensor) -> Callable:
+    """For a gradient observation, the same round on public images: a partition of public images carrying the
+    victims' known labels (cycled), whose first `batch_size` rows the party's own `train_local` trains on from the
+    observed global model with the row's defences, as the victims' batch was (`update_case`). The attacker's data
+    only; what it chooses on it (alpha_TV) then attacks the victims."""
+
+    def make(obs):
+        import numpy as np
+
+        from fedsmix.party import Partition
+        from fedsmix.space import pixel_spec
+
+        from .cases import update_case
+
+        count = int(obs.batch_size)
+        n = min(len(public), max(4 * count, 64))
+        if n < count:
+            raise NotApplicable(f"a public probe batch of {count} needs {count} public images, got {len(public)}")
+        labels = obs.labels.long().repeat(-(-n // len(obs.labels)))[:n]
+        part = Partition(0, public[:n].float(), labels, int(obs.update[-1].shape[0]), pixel_spec(settings),
+                         np.arange(n))
+        state = {k: v.detach().clone() for k, v in obs.model.state_dict().items()}
+        return update_case(settings, part, torch.arange(count), proximal_mu=0.0, batch_size=count,
+                           local_epochs=max(1, int(obs.local_steps)), global_state=state)
+
+    return make
+
+
 def _gradient(settings: Settings, public: torch.Tensor | None = None, gradient_steps: int = 1000,
-              gradient_restarts: int = 2, gradient_tv: float = 1e-2, gradient_alpha_bn: float = 1e-2,
-              gradient_labels: str = "known", realistic: bool = False, **_) -> Attack:
+              gradient_restarts: int = 2, gradient_tv: float | tuple[float, ...] = 1e-2,
+              gradient_alpha_bn: float = 1e-2, gradient_labels: str = "known", realistic: bool = False,
+              **_) -> Attack:
     """The appendix's strongest attacker (BN_exact: the batch's BatchNorm statistics and dropout masks known) or,
-    `realistic`, BN_infer (the global model's running statistics as the prior, weight alpha_BN; dropout off)."""
+    `realistic`, BN_infer (the global model's running statistics as the prior, weight alpha_BN; dropout off).
+    A grid of alpha_TV is chosen on a public probe batch (`public_probe`), or its first value without public
+    images."""
     from .gradient import InvertingGradients
 
+    probe = public_probe(settings, public) if public is not None and public.dim() == 4 else None
     return InvertingGradients(
         gradient_steps, gradient_restarts, tv=gradient_tv, seed=settings.seed, bn="infer" if realistic else "exact",
         alpha_bn=gradient_alpha_bn, labels=gradient_labels, label_inputs=public,
-        dropout="replay" if realistic else "known",
+        dropout="replay" if realistic else "known", probe=probe,
     )
 
 
