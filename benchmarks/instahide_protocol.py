@@ -20,6 +20,8 @@ Test images are clean (the paper's "not in inference" treatment). Writes benchma
 
     ../.venv/bin/python instahide_protocol.py --dataset mnist --model cnn --train-subset 20000 --epochs 10
     ../.venv/bin/python instahide_protocol.py --dataset cifar10 --model resnet18 --train-subset 10000 --epochs 15
+    ../.venv/bin/python instahide_protocol.py --dataset cifar10 --model resnet18 --stem cifar --train-subset 10000 \
+        --epochs 10 --variants clean,per-epoch-abs      # InstaHide's own stem (its models/resnet.py)
 """
 
 from __future__ import annotations
@@ -43,11 +45,15 @@ from fedsmix.training import TrainConfig, evaluate, train
 VARIANTS = ("clean", "upload-once", "per-epoch", "per-epoch-abs", "upload-once-abs")
 
 
-def model_for(kind: str, shape: tuple[int, ...], num_classes: int, absolute: bool, seed: int) -> nn.Module:
+def model_for(kind: str, shape: tuple[int, ...], num_classes: int, absolute: bool, seed: int,
+              stem: str = "imagenet") -> nn.Module:
     torch.manual_seed(seed)  # the same initial weights for every row of a seed
-    if kind == "resnet18":  # InstaHide's architecture (torchvision's, its ImageNet stem), from scratch
+    if kind == "resnet18":  # torchvision's ResNet-18 (basic blocks), from scratch
         model = torchvision.models.resnet18(num_classes=num_classes)
-        if shape[0] != 3:
+        if stem == "cifar":  # InstaHide's code (models/resnet.py): a 3x3 stride-1 stem and no max-pool, so a 32 px
+            # image keeps 32 x 32 maps into the first stage (the ImageNet stem leaves 8 x 8: 16x less compute)
+            model.conv1, model.maxpool = nn.Conv2d(shape[0], 64, 3, 1, 1, bias=False), nn.Identity()
+        elif shape[0] != 3:
             model.conv1 = nn.Conv2d(shape[0], 64, 7, 2, 3, bias=False)
     else:
         model = build_classifier(kind, shape, num_classes)
@@ -67,7 +73,7 @@ def recipe(kind: str, epochs: int, batch_size: int, k: int) -> TrainConfig:
 def run_variant(variant: str, args, x, y, test) -> dict:
     num_classes = int(y.shape[1])
     cfg = recipe(args.model, args.epochs, args.batch_size, args.k)
-    model = model_for(args.model, tuple(x.shape[1:]), num_classes, variant.endswith("-abs"), args.seed)
+    model = model_for(args.model, tuple(x.shape[1:]), num_classes, variant.endswith("-abs"), args.seed, args.stem)
     gen = generator(args.seed, "instahide-protocol", variant)
     inputs, targets, hook = x, y, None
     if variant.startswith("upload-once"):
@@ -92,6 +98,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--model", default="cnn", choices=("cnn", "mlp", "resnet18"))
+    parser.add_argument("--stem", default="imagenet", choices=("imagenet", "cifar"),
+                        help="resnet18's stem: torchvision's ImageNet stem, or InstaHide's 3x3 CIFAR stem")
     parser.add_argument("--train-subset", type=int, default=20000, help="a class-balanced seeded subset (0: all)")
     parser.add_argument("--test-subset", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=10)
@@ -128,7 +136,8 @@ def main() -> None:
     path = common.RESULTS / "instahide_protocol.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
     runs = {k: v for k, v in old.get("runs", {}).items()}
-    runs[f"{args.dataset}-{args.model}"] = {"command": "benchmarks/instahide_protocol.py " + " ".join(
+    name = f"{args.dataset}-{args.model}" + ("-cifar-stem" if args.model == "resnet18" and args.stem == "cifar" else "")
+    runs[name] = {"command": "benchmarks/instahide_protocol.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()), "train-images": len(x),
         "test-images": len(test[1]), "rows": rows}
     common.write("instahide_protocol", {"runs": runs})
