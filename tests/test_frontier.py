@@ -96,6 +96,9 @@ def test_tiny_frontier_writes_table_csv_and_plot(runs_dir):
         ("fedavg", "2", "gradient"), ("fedavg", "2", "gradient-realistic"),
         ("fedavg", "4", "gradient"), ("fedavg", "4", "gradient-realistic")]
     assert [int(r["victims"]) for r in study] == [4, 4, 4, 4]  # every study batch size on the same 4 victims
+    for r in study:  # each attacker chose alpha_TV on a public probe for each update it attacked (2 at B = 2)
+        chosen = r["attack_setting"].removeprefix("alpha_TV ").split(" / ")
+        assert len(chosen) == 4 // int(r["study_batch_size"]) and set(chosen) <= {"0.01", "0.1"}, r
     table = list(csv.DictReader((run_dir / "frontier.csv").open()))
     assert [r["strategy"] for r in table] == rows
     for r in table:

@@ -42,6 +42,7 @@ COLUMNS = (
     "tuning",
     *PRIVACY,
     "attack",
+    "attack_setting",
     "batch_size",
     "local_steps",
     "round",
@@ -106,7 +107,8 @@ def write_all(run_dir: Path, records: list[dict], attacks: list[dict], study: li
         write_csv(run_dir / "attacks.csv", attacks, COLUMNS),
         write_csv(run_dir / "reencoding.csv", study, ("strategy", "space", "encodings_per_sample") + SCORES),
         write_csv(run_dir / "gradient-study.csv", gradient_study,
-                  ("strategy", "study_batch_size", "victims", "attack", "local_steps", "round", *SCORES,
+                  ("strategy", "study_batch_size", "victims", "attack", "attack_setting", "local_steps", "round",
+                   *SCORES,
                    "attack_seconds")),
     ]
     atomic_write_bytes(run_dir / "frontier.md", markdown(records, study, meta, gradient_study).encode())
@@ -169,7 +171,8 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
         "---:|---:|---:|---|",
     ]
     for r in records:
-        attack = r["attack"] + (f" (B={r['batch_size']}, S={r['local_steps']})" if r.get("batch_size") else "")
+        attack = r["attack"] + (f" (B={r['batch_size']}, S={r['local_steps']})" if r.get("batch_size") else "") + (
+            f" [{r['attack_setting']}]" if r.get("attack_setting") else "")
         lines.append(
             f"| {r['strategy']} | {_space(r)} "
             f"| {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} | {_chosen(r)} "
@@ -215,7 +218,8 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
                 lines.append(f"| {r['strategy']} | {r['study_batch_size']} | - | {r['attack']} |" + " - |" * 6)
                 continue
             lines.append(
-                f"| {r['strategy']} | {r['study_batch_size']} | {r['victims']} | {r['attack']} "
+                f"| {r['strategy']} | {r['study_batch_size']} | {r['victims']} | {r['attack']}"
+                f"{' [' + r['attack_setting'] + ']' if r.get('attack_setting') else ''} "
                 f"| {_f(r['gain_snr_db'], '+.2f')} "
                 f"| {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['ssim'], '.3f')} | {_f(r['gain_ssim'], '+.3f')} "
                 f"| {_f(r['best_ssim'], '.3f')} | {_f(r['attack_seconds'], '.0f')} |"

@@ -155,12 +155,13 @@ def scored(name: str, summary: dict, per_image: dict, vict: Victims, seconds: fl
         zero = (lambda metric: None if trivial[metric] is None else 0.0)
         a, g = trivial, {"snr_db": 0.0, "psnr_db": zero("psnr_mean"), "ssim": zero("ssim_mean"),
                          "st_lpips": zero("st_lpips_mean")}
-        ssim = per_image["trivial"]["ssim"]
+        ssim, setting = per_image["trivial"]["ssim"], None
     else:
         entry = summary["attacks"][name]
-        a, g, ssim = entry["score"], entry["gain"], per_image[name]["ssim"]
+        a, g, ssim, setting = entry["score"], entry["gain"], per_image[name]["ssim"], entry.get("setting")
     return {
-        "attack": name, "snr_db": a["snr_mean"], "psnr_db": a["psnr_mean"], "ssim": a["ssim_mean"],
+        "attack": name, "attack_setting": setting,
+        "snr_db": a["snr_mean"], "psnr_db": a["psnr_mean"], "ssim": a["ssim_mean"],
         "trivial_snr_db": trivial["snr_mean"], "trivial_psnr_db": trivial["psnr_mean"],
         "trivial_ssim": trivial["ssim_mean"], "gain_snr_db": g["snr_db"], "gain_psnr_db": g["psnr_db"],
         "gain_ssim": g["ssim"], "best_ssim": float(ssim.max()) if not torch.isnan(ssim).all() else float("nan"),
@@ -204,6 +205,10 @@ def attack_row(row: Row, settings: Settings, cases: list[Case], public: torch.Te
     )
     outcome = attack_cases(cases, attacks, blind, to_unit)
     outcome.skipped.update(skipped)
+    for name, attack in attacks.items():  # what an attacker's own tuning chose, one value per attacked update
+        chosen = getattr(attack, "chosen", None)
+        if chosen and name in outcome.summary.get("attacks", {}):
+            outcome.summary["attacks"][name]["setting"] = "alpha_TV " + " / ".join(f"{t:g}" for t in chosen)
     if outcome.errors:
         raise RuntimeError(f"frontier row {row.name}: attacks failed: {outcome.errors}")
     if key is not None:

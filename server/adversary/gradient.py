@@ -214,6 +214,7 @@ class InvertingGradients(Attack):
         self.steps, self.restarts, self.lr, self.seed, self.signed = steps, restarts, lr, seed, signed
         self.tv, self.probe = self.tvs[0], probe
         self.probe_scores: dict[float, float] = {}  # alpha_TV -> mean SNR (dB) on the public probe, when chosen
+        self.chosen: list[float] = []  # the alpha_TV chosen for each observation attacked, in order
         self.bn, self.alpha_bn, self.labels, self.label_inputs = bn, alpha_bn, labels, label_inputs
         self.dropout = dropout
         self.snapshots = tuple(sorted(int(k) for k in snapshots if 0 < int(k) <= steps))
@@ -234,6 +235,7 @@ class InvertingGradients(Attack):
     def reconstruct(self, observation: GradientObservation) -> torch.Tensor:
         if len(self.tvs) > 1 and self.probe is not None:
             self.tv = self.choose_tv(observation)
+            self.chosen.append(self.tv)
         return self._reconstruct(observation)
 
     def choose_tv(self, observation: GradientObservation) -> float:
