@@ -49,6 +49,7 @@ ATTACKERS = {
     "exact": (None, 1, 0.1, 5e-3, "exact", "known"),  # GradAttack's BN_exact command
     "exact-tv0.01": (None, 1, 1e-2, 5e-3, "exact", "known"),  # the appendix's best tv for one image (its Fig. 4)
     "infer": (None, 1, 0.05, 1e-3, "infer", "replay"),  # GradAttack's realistic command, labels known
+    "exact-masks-unknown": (None, 1, 0.1, 5e-3, "exact", "replay"),  # BN_exact without the party's dropout masks
     "infer-no-prior": (None, 1, 0.05, 0.0, "infer", "replay"),  # no BN prior: round 1's running statistics are
     # the initialisation's (0, 1), not the data's
 }
