@@ -108,6 +108,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--test-every", type=int, default=5)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--name", default="", help="the run's key in the results file (default dataset-model)")
     args = parser.parse_args()
     torch.set_num_threads(2)
 
@@ -136,7 +137,8 @@ def main() -> None:
     path = common.RESULTS / "instahide_protocol.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
     runs = {k: v for k, v in old.get("runs", {}).items()}
-    name = f"{args.dataset}-{args.model}" + ("-cifar-stem" if args.model == "resnet18" and args.stem == "cifar" else "")
+    name = args.name or f"{args.dataset}-{args.model}" + (
+        "-cifar-stem" if args.model == "resnet18" and args.stem == "cifar" else "")
     runs[name] = {"command": "benchmarks/instahide_protocol.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()), "train-images": len(x),
         "test-images": len(test[1]), "rows": rows}
