@@ -7,18 +7,25 @@ the same attacker (server/adversary/gradient.py) on the same victims and update 
 party 0 on its first B images from the initial model, the frontier-defences preset's partitions) at the
 appendix's budget (GradAttack's 10,000 steps, Adam 0.1 decayed at 3/8, 5/8, 7/8, signed gradients, boxed; tv 0.1
 and alpha_BN 0.005 for BN_exact, tv 0.05 and alpha_BN 0.001 for the realistic BN_infer), with snapshots along
-the way (a learning curve of one schedule), and with wider CNNs (`cnn-width`): the number of gradient equations
-per unknown pixel is the suspect, ResNet-18 having 11.2 M parameters for 16 x 3,072 unknowns (227 per unknown)
-where the frontier's CNN has 60,554 (1.2 at B = 16, 0.6 at B = 32; MNIST's 4.0 and 2.0).
+the way (a learning curve of one schedule), and with `--widths`, wider CNNs (`cnn-width`): ResNet-18 gives
+the attacker 11.2 M equations for 16 x 3,072 unknowns (227 per unknown) where the frontier's CNN has 60,554 (1.2
+at B = 16, 0.6 at B = 32; MNIST's 4.0 and 2.0). Measured: alpha_TV, not steps or equations, kept the study at the
+blind guess (docs/results/defences.md).
 
 Scores: gains over the blind guesses (SNR / SSIM against the public mean image; ST-LPIPS against the public
 ST-LPIPS medoid, CIFAR-10 only), victims matched to reconstructions by least squared error (Hungarian), as the
-frontier scores them. Labels known (the appendix's Table 5 setting). Run one at a time on a 2-core machine:
+frontier scores them. Labels known (the appendix's Table 5 setting). Attackers: `ATTACKERS` below (the
+frontier's study as its tables ran, the same with alpha_TV chosen on a public probe, GradAttack's BN_exact and
+realistic settings, and two ablations of the realistic one). Run one at a time on a 2-core machine:
 
-    .venv/bin/python benchmarks/gradient_budget.py --dataset cifar10 --batch 16,32 --widths 32 \\
-        --attackers frontier,exact,infer --steps 10000
-    .venv/bin/python benchmarks/gradient_budget.py --dataset cifar10 --batch 16 --widths 128 \\
-        --attackers exact --steps 4000 --out gradient_budget_wide
+    .venv/bin/python benchmarks/gradient_budget.py --dataset cifar10 --batch 16,32 --attackers frontier,exact,infer \
+        --steps 10000
+    .venv/bin/python benchmarks/gradient_budget.py --dataset cifar10 --batch 16,32 \
+        --attackers frontier-probe,frontier-probe-infer
+    .venv/bin/python benchmarks/gradient_budget.py --dataset cifar10 --batch 16 --steps 2000 --snapshots 500,1000 \
+        --attackers exact-tv0.01,infer-no-prior,exact-masks-unknown
+    .venv/bin/python benchmarks/gradient_budget.py --dataset cifar10 --batch 16 --attackers exact --steps 2000 \
+        --rows fedavg-prune0.9,fedavg-mixup-k4,fedavg-instahide-k4,fedavg-instahide-k4-prune0.9
 """
 
 from __future__ import annotations
