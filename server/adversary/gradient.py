@@ -244,21 +244,17 @@ class InvertingGradients(Attack):
 
         case = self.probe(observation)
         truth = case.truth.float()
-        restarts, scores = self.restarts, {}
-        self.restarts = 1
-        try:
-            for tv in self.tvs:
-                self.tv = tv
-                x_hat = self._reconstruct(case.observation)[case.rows]
-                if case.align is not None:
-                    x_hat = case.align(truth, x_hat)
-                scores[tv] = float(snr_db(truth, x_hat).mean())
-        finally:
-            self.restarts = restarts
+        scores = {}
+        for tv in self.tvs:
+            self.tv = tv
+            x_hat = self._reconstruct(case.observation, restarts=1)[case.rows]
+            if case.align is not None:
+                x_hat = case.align(truth, x_hat)
+            scores[tv] = float(snr_db(truth, x_hat).mean())
         self.probe_scores = scores
         return max(scores, key=scores.get)
 
-    def _reconstruct(self, observation: GradientObservation) -> torch.Tensor:
+    def _reconstruct(self, observation: GradientObservation, restarts: int | None = None) -> torch.Tensor:
         obs = observation
         one_step = obs.batch_size == 1 and obs.local_steps == 1 and obs.mix_weights is None
         masks = obs.dropout_masks if self.dropout == "known" else None
@@ -278,7 +274,7 @@ class InvertingGradients(Attack):
         labels = self._targets(obs, model, params)
         generator = torch.Generator().manual_seed(self.seed)
         best, best_loss, self.last_losses = None, float("inf"), []
-        for _ in range(self.restarts):
+        for _ in range(restarts or self.restarts):
             x_hat, loss, taken = self._trial(model, params, target, masks, labels, obs, norms, generator)
             self.last_losses.append(loss)
             if loss < best_loss:

@@ -91,9 +91,8 @@ def public_probe(settings: Settings, public: torch.Tensor) -> Callable:
         labels = obs.labels.long().repeat(-(-n // len(obs.labels)))[:n]
         part = Partition(0, public[:n].float(), labels, int(obs.update[-1].shape[0]), pixel_spec(settings),
                          np.arange(n))
-        state = {k: v.detach().clone() for k, v in obs.model.state_dict().items()}
         return update_case(settings, part, torch.arange(count), proximal_mu=0.0, batch_size=count,
-                           local_epochs=max(1, int(obs.local_steps)), global_state=state)
+                           local_epochs=max(1, int(obs.local_steps)), global_state=obs.model.state_dict())
 
     return make
 
