@@ -106,6 +106,7 @@ def cmd_attack(args: argparse.Namespace) -> int:
             args.resize,
             parties=args.parties,
             progress=progress.bind(strategy=f"attack {settings.dataset} {settings.radius_mode}"),
+            unet_curve=args.unet_curve,
         )
         tables.append(Path(result["files"][0]).read_text())
         results.append(result)
@@ -144,6 +145,11 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--resize", type=int, default=0, help="upsample victims and public images to N px first (paper: 224)"
+    )
+    p.add_argument(
+        "--unet-curve", action="store_true",
+        help="score the victims after every U-Net epoch (a learning curve for analysis; the attack keeps its last "
+        "epoch). U-Net fits are checkpointed per epoch in --out: the same command continues an interrupted one",
     )
     p.add_argument("--mmse-rank", type=int, default=256, help="rank of the MMSE prior's covariance (plus a diagonal)")
     p.add_argument("--device", default="", help="auto, cpu or cuda (default: the settings' device)")

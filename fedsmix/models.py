@@ -226,9 +226,10 @@ class DoubleConv(nn.Sequential):
 
 
 class UNet(nn.Module):
-    """Appendix F: three poolings, DoubleConv widths C -> B -> 2B -> 4B -> 8B and back, 1x1 out."""
+    """Appendix F: three poolings, DoubleConv widths C -> B -> 2B -> 4B -> 8B and back, 1x1 out (to `out_channels`,
+    default C)."""
 
-    def __init__(self, channels: int = 3, width: int = 48):
+    def __init__(self, channels: int = 3, width: int = 48, out_channels: int | None = None):
         super().__init__()
         b = width
         self.enc = nn.ModuleList([DoubleConv(channels, b), DoubleConv(b, 2 * b), DoubleConv(2 * b, 4 * b)])
@@ -241,7 +242,7 @@ class UNet(nn.Module):
             ]
         )
         self.dec = nn.ModuleList([DoubleConv(8 * b, 4 * b), DoubleConv(4 * b, 2 * b), DoubleConv(2 * b, b)])
-        self.out = nn.Conv2d(b, channels, 1)
+        self.out = nn.Conv2d(b, out_channels or channels, 1)
         self.pool = nn.MaxPool2d(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -95,6 +95,37 @@ def test_unet_learns_to_beat_the_mixed_input_on_public_data(data_dir):
     assert unet > blind + 0.5, (unet, blind)
 
 
+def test_an_interrupted_unet_fit_resumes_to_the_same_model(data_dir, tmp_path):
+    """A fit stopped after one epoch and continued from its checkpoint ends where an uninterrupted fit ends
+    (weights, losses and the learning curve), and a checkpoint of other settings is refused by name."""
+    settings = load_settings({"dataset": "digits", "tau": 1.0, "data-dir": data_dir})
+    public = load_public_pool(settings, datalib.spec("digits"))[:256]
+    radius = calibrate(data_statistics(public, generator(0, "stats")), 1.0, settings.alpha).radius
+    params = encoder_params(settings, radius)
+
+    def unet(epochs: int) -> UNetAttack:
+        return UNetAttack(public, params, width=4, epochs=epochs, train_size=256)
+
+    def curve(epoch, attack):
+        return {"public-snr": float(snr_db(public[:32], attack.predict(public[:32])).mean())}
+
+    whole = unet(3).fit(radius, on_epoch=curve)
+    checkpoint = tmp_path / "unet.pt"
+    unet(1).fit(radius, checkpoint=checkpoint, on_epoch=curve)
+    lines = []
+    resumed = unet(3).fit(radius, checkpoint=checkpoint, on_epoch=curve, log=lines.append)
+    assert resumed.report["resumed-at-epoch"] == 1
+    assert lines[0].startswith("unet: resumed at epoch 1/3") and "epoch 3/3" in lines[-1]
+    assert resumed.report["train-loss"] == whole.report["train-loss"]
+    assert resumed.report["curve"] == whole.report["curve"] and len(whole.report["curve"]) == 3
+    for name, value in whole.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+    with pytest.raises(ValueError, match="radius"):
+        unet(3).fit(radius * 2, checkpoint=checkpoint)
+    with pytest.raises(ValueError, match="has 3 epochs, this fit asks for 2"):
+        unet(2).fit(radius, checkpoint=checkpoint)
+
+
 def test_unet_refuses_feature_vectors():
     with pytest.raises(ValueError, match="image-shaped"):
         UNetAttack(torch.zeros(10, 1280), encoder_params(load_settings({}), 1.0))

@@ -208,7 +208,7 @@ def test_attack_command_with_the_table4_preset_attacks_its_feature_space(tmp_pat
     calls = []
 
     def fake_sweep(settings, taus, attacks, victims, out_dir, device, mmse_rank, split, resize, parties=0,
-                   progress=None):
+                   progress=None, unet_curve=False):
         calls.append((settings, taus, attacks, victims, device, split, parties))
         assert progress.path == Path(out_dir) / "progress.jsonl"  # `fedsmix show --follow <out>` can watch it
         md = Path(out_dir) / f"{settings.radius_mode}.md"

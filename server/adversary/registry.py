@@ -41,10 +41,17 @@ def _linear(settings: Settings, **_) -> Attack:
     return LinearAttack(steps=settings.attack_steps)
 
 
-def _mmse(settings: Settings, public: torch.Tensor, mmse_rank: int = 256, **_) -> Attack:
-    from .mmse import GaussianPrior, MMSEAttack
+def gaussian_prior(public: torch.Tensor, mmse_rank: int = 256, prior=None, **_):
+    """The attacker's Gaussian prior on its public data (`prior` when `build_attacks` already fitted it)."""
+    from .mmse import GaussianPrior
 
-    return MMSEAttack(GaussianPrior.fit(public, rank=mmse_rank))
+    return prior if prior is not None else GaussianPrior.fit(public, rank=mmse_rank)
+
+
+def _mmse(settings: Settings, public: torch.Tensor, **options) -> Attack:
+    from .mmse import MMSEAttack
+
+    return MMSEAttack(gaussian_prior(public, **options))
 
 
 def _unet(settings: Settings, public: torch.Tensor, device: str = "cpu", **_) -> Attack:
@@ -55,6 +62,18 @@ def _unet(settings: Settings, public: torch.Tensor, device: str = "cpu", **_) ->
     return UNetAttack(
         public, encoder_params(settings, 0.0), width=settings.unet_width, epochs=settings.unet_epochs,
         train_size=settings.unet_train_size, seed=settings.seed, device=device,
+    )
+
+
+def _refined(settings: Settings, public: torch.Tensor, device: str = "cpu", **options) -> Attack:
+    """The MMSE estimate refined by a network trained on public encodings (the U-Net's budget keys)."""
+    from fedsmix.party import encoder_params
+
+    from .refined import RefinedMMSE
+
+    return RefinedMMSE(
+        public, encoder_params(settings, 0.0), gaussian_prior(public, **options), width=settings.unet_width,
+        epochs=settings.unet_epochs, train_size=settings.unet_train_size, seed=settings.seed, device=device,
     )
 
 
@@ -154,6 +173,7 @@ REPRESENTATIONS = ("mixcon", "backbone-features")
 ATTACKS.add("linear", AttackSpec("linear", ("singularized", "mixup"), _linear))
 ATTACKS.add("mmse", AttackSpec("mmse", ("singularized",), _mmse, needs_public=True))
 ATTACKS.add("unet", AttackSpec("unet", ("singularized",), _unet, needs_public=True, needs_image=True))
+ATTACKS.add("refined", AttackSpec("refined", ("singularized",), _refined, needs_public=True))
 ATTACKS.add("abs-solve", AttackSpec("abs-solve", UPLOADS, _abs_solve))
 ATTACKS.add("averaging", AttackSpec("averaging", UPLOADS[:-1], _averaging))
 ATTACKS.add("gradient", AttackSpec("gradient", ("fedavg", "fedprox"), _gradient))
@@ -188,6 +208,8 @@ def build_attacks(names, settings: Settings, public: torch.Tensor | None, sample
                   **options) -> tuple[dict[str, Attack], dict[str, str]]:
     """The named attacks, and for each one that cannot be built here, why (never silently)."""
     attacks, skipped = {}, {}
+    if public is not None and "prior" not in options and len({"mmse", "refined"} & set(names)) > 1:
+        options["prior"] = gaussian_prior(public, **options)  # one fit for every attack that reads it
     for name in names:
         try:
             attacks[name] = build_attack(name, settings, public=public, sample_shape=sample_shape, **options)

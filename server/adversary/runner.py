@@ -35,6 +35,14 @@ def pick_victims(n: int, k: int, seed: int, party: int) -> torch.Tensor:
     return torch.randperm(n, generator=generator(seed, party, "victims"))[:k].sort().values
 
 
+def learned(attacks: dict) -> list[str]:
+    """The attacks that learn an inverse from the attacker's own public encodings at a radius (U-Net, refined):
+    fitted once before they attack."""
+    from .unet import UNetAttack
+
+    return [name for name, attack in attacks.items() if isinstance(attack, UNetAttack)]
+
+
 def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
     """Attack `attack-victims` victims of each party with every configured attack."""
     s, t0 = ctx.settings, time.perf_counter()
@@ -74,12 +82,12 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
 
     attacks, skipped = build_attacks(s.adversary, s, public, mixing_shape(s), device=ctx.device)
     errors: dict[str, str] = {}
-    if "unet" in attacks and radii:  # one U-Net per run, at the parties' median radius
+    for name in learned(attacks) if radii else ():  # one fit per run, at the parties' median radius
         try:
-            attacks["unet"].fit(float(np.median(radii)))
+            attacks[name].fit(float(np.median(radii)))
         except Exception as err:
-            errors["unet"] = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
-            del attacks["unet"]
+            errors[name] = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
+            del attacks[name]
     progress = getattr(ctx, "progress", None)
     if progress is not None:
         progress.emit("attack-start", attacks=list(attacks), parties=len(cases),
@@ -106,8 +114,9 @@ def attack_uploads(ctx, store, parties: list[int], n_nodes: int) -> dict:
         "skipped": {**skipped, **outcome.skipped},
         "errors": {**errors, **outcome.errors},
     }
-    if "unet" in attacks and attacks["unet"].report:
-        result["unet-training"] = attacks["unet"].report
+    for name in learned(attacks):
+        if attacks[name].report:
+            result[f"{name}-training"] = attacks[name].report
     hits = [r["pairing-accuracy"] for r in per_party.values() if "pairing-accuracy" in r]
     if hits:  # recovered pairing: the server's hit rate beside a random label-consistent guess
         result["pairing-accuracy"] = float(np.mean(hits))

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from fedsmix import data as datalib
 from fedsmix.config import Settings, SettingsError
-from fedsmix.metrics import score
+from fedsmix.metrics import score, snr_db
 from fedsmix.party import Partition, calibrate_party, encode_partition, load_partition, party_statistics
 from fedsmix.progress import SILENT, Progress
 from fedsmix.runs import atomic_write_bytes, atomic_write_json
@@ -32,7 +32,7 @@ from .analysis import Blind, attack_cases
 from .cases import THREAT_MODELS, public_samples, threat_model, upload_case, valid_bounds
 from .figures import recovery_grid, stretched, unit_images
 from .registry import build_attacks
-from .runner import mixing_space, pick_victims
+from .runner import learned, mixing_space, pick_victims
 
 PAPER_TAUS = (1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
 PAIRING_KEYS = ("pairing-accuracy", "pairing-chance", "pairing-candidates", "pairing-seconds")
@@ -122,13 +122,35 @@ def sweep_label(settings: Settings, parties: int = 0) -> str:
     return "-".join(parts)
 
 
+def victims_snr(settings: Settings, cases, calibrations, bounds, pairing=None):
+    """A learned attack's learning curve on the victims: after an epoch, their mean SNR (dB) under the model so
+    far (analysis only: nothing is chosen on it)."""
+    uploads = []
+    for (part, rows), calibration in zip(cases, calibrations):
+        enc, _ = encode_partition(settings, part, calibration)
+        uploads.append(upload_case(settings, part, enc, calibration, rows, uploaded=enc.x, bounds=bounds,
+                                   pairing=pairing))
+
+    def score(epoch: int, attack) -> dict:
+        snr = torch.cat([snr_db(case.truth.float(), attack.reconstruct(case.observation)[case.rows])
+                         for case in uploads])
+        return {"victims-snr": float(snr.mean())}
+
+    return score
+
+
 def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, device: str = "cpu",
               mmse_rank: int = 256, split: str = "test", resize: int = 0, log=print, parties: int = 0,
-              progress: Progress = SILENT) -> dict:
+              progress: Progress = SILENT, unet_curve: bool = False) -> dict:
     """One data set and radius mode: every tau, every attack; writes <label>-sweep.{json,md,csv} and figures.
 
     Where a backbone is set, victims, public data, attacks and scores all live in its feature space
     (SNR only: PSNR and SSIM do not apply to feature vectors).
+
+    Each tau's U-Net is checkpointed after every epoch under <out_dir>/unet-checkpoints/: the same command with
+    the same --out continues an interrupted fit. `unet_curve` scores the victims after every epoch (the
+    record's `unet-training.curve`, `refined-training.curve`: a learning curve for analysis; the attack keeps its
+    last epoch).
     """
     out_dir = Path(out_dir)
     pixels = settings.backbone == "none"
@@ -171,12 +193,15 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
     for index, tau in enumerate(ordered, start=1):  # the figure shows the victim recovered best at the largest tau
         st = settings.replace(tau=tau)
         calibrations = [calibrate_party(st, part, stat) for stat, (part, _) in zip(stats, cases)]
-        training = {}
-        unet_seconds = 0.0
-        if "unet" in built:  # one U-Net per tau, at the parties' median radius (as the ServerApp's adversary)
+        training, fit_seconds = {}, {}
+        for name in learned(built):  # one fit per tau, at the parties' median radius (as the ServerApp's adversary)
             started = time.perf_counter()
-            built["unet"].fit(float(np.median([c.radius for c in calibrations])))
-            training, unet_seconds = built["unet"].report, time.perf_counter() - started
+            on_epoch = victims_snr(st, cases, calibrations, bounds, pairing) if unet_curve else None
+            size = f"-{resize}px" if resize else ""
+            checkpoint = out_dir / "unet-checkpoints" / f"{name}-{label}{size}-tau{tau:g}.pt"
+            built[name].fit(float(np.median([c.radius for c in calibrations])), checkpoint=checkpoint,
+                            on_epoch=on_epoch, log=log)
+            training[name], fit_seconds[name] = built[name].report, time.perf_counter() - started
 
         recovered: list[dict] = []
 
@@ -194,8 +219,8 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
             raise RuntimeError(f"[{label}] tau={tau:g}: attacks failed: {outcome.errors}")
         result["skipped"].update(outcome.skipped)
         seconds = {name: outcome.seconds.get(name, 0.0) for name in built}
-        if "unet" in seconds:
-            seconds["unet"] += unet_seconds
+        for name, spent in fit_seconds.items():
+            seconds[name] += spent
         x, mixed_x, estimates = outcome.truth, outcome.mixed, outcome.estimates
         report = {k: v for k, v in outcome.summary.items() if k not in ("theorem41", "victims")}
         mixed, _ = score(x.to(device), mixed_x.to(device), to_unit)
@@ -206,8 +231,8 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
             "paper": {"linear": paper_value(PAPER_LINEAR, settings.dataset, tau) if pixels else None,
                       "unet": paper_value(PAPER_UNET, settings.dataset, tau) if pixels else None},
         }
-        if training:
-            record["unet-training"] = training
+        for name, fitted in training.items():
+            record[f"{name}-training"] = fitted
         if recovered:  # the pairing attack's hit rate beside a random label-consistent guess (mean over parties)
             record["pairing"] = {k: float(np.mean([r[k] for r in recovered])) for k in PAIRING_KEYS}
         result["taus"].append(record)
@@ -288,6 +313,7 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
         columns += [("mmse", "MMSE")]
     if "unet" in names:
         columns += [("paper_unet", "paper U-Net"), ("unet", "U-Net")]
+    columns += [(n, n) for n in names if n not in ("linear", "mmse", "unet")]
     columns += [("trivial", "trivial guess")] + [(f"gain_{n}", f"gain {n}") for n in names]
     if pixels and any(e.get("gain", {}).get("st_lpips") is not None
                       for rec in result["taus"] for e in rec["attacks"].values()):

@@ -5,18 +5,28 @@ The attacker encodes its public images with the parties' own encoder at the part
 encoding back to the image that leads it (L1 + 1e-4 anisotropic TV, Adam 1e-3, batch 32), then
 applies it zero-shot to the private encodings. Partner selection, weights and noise directions
 on the public set come from one fixed seed, so the same public pairs align across tau values.
+
+A fit at the paper's budget takes hours on a CPU: `fit(..., checkpoint=PATH)` saves the model, the optimiser
+and the shuffle state after every epoch and continues from the last finished epoch when called again with the
+same file (bit-identical to an uninterrupted fit on the same machine); a checkpoint of other settings is
+refused, naming the setting. `on_epoch(epoch, attack)` runs after each epoch (a learning curve: the sweep
+scores the victims there, for analysis only; the attack always keeps its last epoch).
 """
 
 from __future__ import annotations
 
+import io
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
 from fedsmix.encoders import EncoderParams, encode
 from fedsmix.models import UNet
+from fedsmix.runs import atomic_write_bytes
 from fedsmix.seeding import derive_seed, generator
 
 from .base import Attack, Observation
@@ -30,6 +40,7 @@ def anisotropic_tv(x: torch.Tensor) -> torch.Tensor:
 class UNetAttack(Attack):
     name = "unet"
     threat_model = "knows the encoder and radius, holds public images; learns the inverse (no W needed)"
+    images_only = True
 
     def __init__(
         self,
@@ -44,50 +55,101 @@ class UNetAttack(Attack):
         seed: int = 0,
         device: str = "cpu",
     ):
-        if not is_image(tuple(public.shape[1:])):
-            raise ValueError(f"unet: needs image-shaped samples (C, H, W); got {tuple(public.shape[1:])}")
+        if self.images_only and not is_image(tuple(public.shape[1:])):
+            raise ValueError(f"{self.name}: needs image-shaped samples (C, H, W); got {tuple(public.shape[1:])}")
         self.public, self.encoder = public, encoder
         self.width, self.epochs, self.train_size = width, epochs, min(train_size, len(public))
         self.batch_size, self.lr, self.lambda_tv, self.seed, self.device = batch_size, lr, lambda_tv, seed, device
-        self.model: UNet | None = None
+        self.model: torch.nn.Module | None = None
         self.radius: float | None = None
         self.report: dict = {}
 
-    def training_pairs(self, radius: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(encodings, originals) of a fixed public subset, encoded at `radius`."""
+    def encoded_public(self, radius: float):
+        """A fixed public subset and its encoding at `radius` (one encoding per image, led by that image)."""
         order = torch.randperm(len(self.public), generator=generator(self.seed, "unet", "subset"))
         originals = self.public[order[: self.train_size]].float()
         params = replace(self.encoder, radius=radius, encodings_per_sample=1)
         dummy = torch.zeros(len(originals), 1)
-        enc = encode(originals, dummy, params, generator(self.seed, "unet", "encode"))
+        return originals, encode(originals, dummy, params, generator(self.seed, "unet", "encode"))
+
+    def training_pairs(self, radius: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(network inputs, originals) of the public subset encoded at `radius`."""
+        originals, enc = self.encoded_public(radius)
         return enc.x, originals[enc.sources[:, 0]]
 
-    def fit(self, radius: float) -> UNetAttack:
+    def network(self, inputs: torch.Tensor) -> torch.nn.Module:
+        return UNet(channels=inputs.shape[1], width=self.width)
+
+    def loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.l1_loss(out, target) + self.lambda_tv * anisotropic_tv(out)
+
+    def model_input(self, observation: Observation) -> torch.Tensor:
+        """What the network reads of an observation: the uploaded encodings."""
+        return observation.x_tilde
+
+    def checkpoint_key(self, radius: float, inputs: torch.Tensor) -> dict:
+        """What a checkpoint must match to be continued: everything that shapes the fit but its length."""
+        return {"attack": self.name, "radius": float(radius), "width": self.width, "train-size": self.train_size,
+                "input-shape": list(inputs.shape[1:]), "batch-size": self.batch_size, "lr": self.lr,
+                "lambda-tv": self.lambda_tv, "seed": self.seed}
+
+    def fit(self, radius: float, checkpoint: str | Path | None = None,
+            on_epoch: Callable[[int, UNetAttack], dict] | None = None,
+            log: Callable[[str], None] | None = None) -> UNetAttack:
         t0 = time.perf_counter()
         inputs, targets = (t.to(self.device) for t in self.training_pairs(radius))  # 100 MB at 8000 CIFAR images
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, "unet", "init"))
-            model = UNet(channels=inputs.shape[1], width=self.width).to(self.device)
+            model = self.network(inputs).to(self.device)
         optimizer = torch.optim.Adam(model.parameters(), lr=self.lr)
         shuffle = generator(self.seed, "unet", "shuffle")
-        losses = []
-        model.train()
-        for _ in range(self.epochs):
+        key = self.checkpoint_key(radius, inputs)
+        losses, curve, resumed = [], [], 0
+        if checkpoint is not None and Path(checkpoint).exists():
+            state = torch.load(checkpoint, map_location=self.device, weights_only=False)
+            for name, value in key.items():
+                if state["key"].get(name) != value:
+                    raise ValueError(f"unet: checkpoint {checkpoint} was written with {name} = "
+                                     f"{state['key'].get(name)!r}, this fit has {value!r}; remove it or use another")
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            shuffle.set_state(state["shuffle"])
+            losses, curve, resumed = list(state["losses"]), list(state["curve"]), len(state["losses"])
+            if resumed > self.epochs:
+                raise ValueError(f"unet: checkpoint {checkpoint} has {resumed} epochs, this fit asks for "
+                                 f"{self.epochs}; raise unet-epochs to continue it, or use another")
+            if log:
+                log(f"unet: resumed at epoch {resumed}/{self.epochs} from {checkpoint}")
+        self.model, self.radius = model, float(radius)
+        for epoch in range(resumed + 1, self.epochs + 1):
+            model.train()
             order, total = torch.randperm(len(inputs), generator=shuffle).to(self.device), 0.0
+            started = time.perf_counter()
             for start in range(0, len(order), self.batch_size):
                 batch = order[start : start + self.batch_size]
                 if len(batch) < 2:  # BatchNorm needs two samples
                     continue
                 out = model(inputs[batch])
                 target = targets[batch]
-                loss = F.l1_loss(out, target) + self.lambda_tv * anisotropic_tv(out)
+                loss = self.loss(out, target)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
                 total += loss.detach() * len(batch)  # no per-step sync with the GPU
             losses.append(float(total) / len(inputs))
+            model.eval()
+            if on_epoch is not None:
+                curve.append({"epoch": epoch, **on_epoch(epoch, self)})
+            if checkpoint is not None:
+                buffer = io.BytesIO()
+                torch.save({"key": key, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "shuffle": shuffle.get_state(), "losses": losses, "curve": curve}, buffer)
+                atomic_write_bytes(Path(checkpoint), buffer.getvalue())  # a fit killed mid-save keeps the last epoch
+            if log:
+                extra = "".join(f", {k} {v:.3g}" for k, v in curve[-1].items() if k != "epoch") if on_epoch else ""
+                log(f"unet: epoch {epoch}/{self.epochs} loss {losses[-1]:.4f}{extra} "
+                    f"({time.perf_counter() - started:.0f} s)")
         model.eval()
-        self.model, self.radius = model, float(radius)
         self.report = {
             "radius": float(radius),
             "width": self.width,
@@ -98,26 +160,32 @@ class UNetAttack(Attack):
             "fit-seconds": time.perf_counter() - t0,
             "device": self.device,
         }
+        if resumed:
+            self.report["resumed-at-epoch"] = resumed
+        if curve:
+            self.report["curve"] = curve
         return self
 
     def reconstruct(self, observation: Observation) -> torch.Tensor:
         obs = observation
         if obs.radius is None and self.model is None:
-            raise ValueError("unet: needs the radius (observation.radius) to encode its public training set")
-        if self.model is None:  # callers attacking several parties fit once, at the radius they choose
-            self.fit(obs.radius)
+            raise ValueError(f"{self.name}: needs the radius (observation.radius) to encode its public training set")
         if obs.sources is not None and (
             obs.sources.shape[0] != obs.n_private
             or not torch.equal(obs.sources[:, 0].cpu(), torch.arange(obs.n_private))
         ):
-            raise ValueError("unet: needs one encoding per private sample, led by that sample (sources[:, 0] = 0..n-1)")
-        return self.predict(obs.x_tilde, obs.lo, obs.hi)
+            raise ValueError(f"{self.name}: needs one encoding per private sample, led by that sample "
+                             "(sources[:, 0] = 0..n-1)")
+        if self.model is None:  # callers attacking several parties fit once, at the radius they choose
+            self.fit(obs.radius)
+        return self.predict(self.model_input(obs), obs.lo, obs.hi)
 
     @torch.no_grad()
-    def predict(self, x_tilde: torch.Tensor, lo=None, hi=None) -> torch.Tensor:
+    def predict(self, inputs: torch.Tensor, lo=None, hi=None) -> torch.Tensor:
+        """The network's estimates for its inputs (`model_input` of an observation), clamped to the box."""
         outputs = []
-        for start in range(0, len(x_tilde), 256):
-            out = self.model(x_tilde[start : start + 256].float().to(self.device)).cpu()
+        for start in range(0, len(inputs), 256):
+            out = self.model(inputs[start : start + 256].float().to(self.device)).cpu()
             outputs.append(out)
         out = torch.cat(outputs)
         lo, hi = _bound(lo, out), _bound(hi, out)
