@@ -27,6 +27,21 @@ FEDERATED = {"client-lr": (0.2, 0.1, 0.05, 0.02, 0.01, 0.005), "local-epochs": (
 FEDPROX = {**FEDERATED, "proximal-mu": (0.001, 0.01, 0.1, 1.0)}
 LOCAL = {"lr": (1e-2, 3e-3, 1e-3, 3e-4, 1e-4)}
 SPACES = {"fedavg": FEDERATED, "fedprox": FEDPROX, "local-only": LOCAL}
+# A defence's utility knobs join the space of the strategy it defends, where it is on: a clipping norm moves
+# accuracy, not the guarantee (the noise is a multiple of it; epsilon follows from the noise multiplier and the
+# sampling alone). Strength knobs (epsilon, pruning ratio, MixUp/InstaHide k) are not tuned: each strength is
+# its own row of the frontier's privacy axis.
+CLIPPING_NORMS = (0.1, 0.3, 1.0, 3.0, 10.0)
+DEFENCE_KNOBS = {
+    "dp-sgd-max-grad-norm": (lambda settings: settings.dp_sgd_epsilon > 0, CLIPPING_NORMS),
+    "dp-clipping-norm": (lambda settings: settings.dp_fedavg != "off", CLIPPING_NORMS),
+}
+
+
+def space(settings: Settings, strategy: str) -> dict[str, tuple]:
+    """`strategy`'s search space under `settings`: its own axes, and the knobs of each defence that is on."""
+    knobs = {key: values for key, (on, values) in DEFENCE_KNOBS.items() if on(settings)}
+    return {**SPACES[strategy], **knobs}
 
 
 def configured(settings: Settings, space: dict[str, tuple]) -> dict:
@@ -37,9 +52,9 @@ def configured(settings: Settings, space: dict[str, tuple]) -> dict:
 def draw(settings: Settings, strategy: str) -> list[dict]:
     """At most `tuning-budget` settings of `strategy`'s search space: the configured one first, then a draw
     from the seed (the same draw for every party and every transport)."""
-    space = SPACES[strategy]
-    first = configured(settings, space)
-    grid = [dict(zip(space, values, strict=True)) for values in itertools.product(*space.values())]
+    axes = space(settings, strategy)
+    first = configured(settings, axes)
+    grid = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
     rest = [setting for setting in grid if setting != first]
     order = torch.randperm(len(rest), generator=generator(settings.seed, strategy, "tuning")).tolist()
     return [first] + [rest[i] for i in order[: settings.tuning_budget - 1]]

@@ -50,6 +50,20 @@ def test_the_budget_draws_the_configured_setting_first_and_the_same_draw_every_t
     assert len(tuning.draw_names(settings, names, "mixup-union")) == 4
 
 
+
+def test_a_defence_that_is_on_adds_its_clipping_norm_to_the_space_within_the_same_budget():
+    """DP's clipping norm is tuned like a learning rate (it moves accuracy, not epsilon); its strength is not."""
+    plain = load_settings({"tuning-budget": 6})
+    assert all(set(t) == {"client-lr", "local-epochs"} for t in tuning.draw(plain, "fedavg"))
+    for keys, knob, field in (({"dp-sgd-epsilon": 8.0}, "dp-sgd-max-grad-norm", "dp_sgd_max_grad_norm"),
+                              ({"dp-fedavg": "server"}, "dp-clipping-norm", "dp_clipping_norm")):
+        settings = load_settings({"tuning-budget": 6, "model-norm": "group", **keys})
+        tried = tuning.draw(settings, "fedavg")
+        assert len(tried) == 6 and tried[0][knob] == getattr(settings, field)  # the configured norm first
+        assert {t[knob] for t in tried} - {getattr(settings, field)}  # and others drawn beside it
+        assert "dp-sgd-epsilon" not in tried[0] and "dp-noise-multiplier" not in tried[0]
+        assert getattr(tuning.apply(settings, tried[1]), field) == tried[1][knob]  # what the setting trains with
+
 def test_no_validation_split_means_no_tuning():
     with pytest.raises(SettingsError, match="validation-fraction 0 leaves nothing to choose"):
         load_settings({"validation-fraction": 0, "tuning-budget": 3})
