@@ -235,6 +235,8 @@ class Settings(BaseModel):
     unet_width: int = Field(16, ge=4)
     unet_epochs: int = Field(2, ge=1)
     unet_train_size: int = Field(2000, ge=32)
+    unet_select: Literal["holdout", "last"] = Field(
+        "holdout", description="the learned attacks' epoch: the best on held-out public images, or the last")
     public_size: int = Field(0, ge=0, description="attacker's public samples: the first N of Tiny-ImageNet's; 0 = all")
     # paper's experiment settings (its tables use fixed weights and ImageNet normalisation,
     # not Algorithm 1), both calibrations of its two versions, the published post-processing screen, and

@@ -120,10 +120,32 @@ def test_an_interrupted_unet_fit_resumes_to_the_same_model(data_dir, tmp_path):
     assert resumed.report["curve"] == whole.report["curve"] and len(whole.report["curve"]) == 3
     for name, value in whole.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
+    assert resumed.report["chosen-epoch"] == whole.report["chosen-epoch"]
     with pytest.raises(ValueError, match="radius"):
         unet(3).fit(radius * 2, checkpoint=checkpoint)
     with pytest.raises(ValueError, match="has 3 epochs, this fit asks for 2"):
         unet(2).fit(radius, checkpoint=checkpoint)
+
+
+def test_the_unet_keeps_the_epoch_its_held_out_public_images_score_best(data_dir):
+    """`holdout`: the epoch is chosen on public images kept out of training (the attacker's own data); `last`
+    keeps the last epoch (the paper's protocol). The held-out images are never trained on."""
+    settings = load_settings({"dataset": "digits", "tau": 1e-2, "data-dir": data_dir})
+    public = load_public_pool(settings, datalib.spec("digits"))[:400]
+    radius = calibrate(data_statistics(public, generator(0, "stats")), 1e-2, settings.alpha).radius
+    params = encoder_params(settings, radius)
+    chosen = UNetAttack(public, params, width=4, epochs=4, train_size=256).fit(radius)
+    snr = chosen.report["holdout-snr"]
+    assert len(snr) == 4 and chosen.report["chosen-epoch"] == 1 + snr.index(max(snr))
+    assert chosen.report["holdout-size"] == 144 and chosen.report["train-size"] == 256  # the images after the 256
+    train, held = chosen.public_split()
+    assert not {tuple(r.flatten()[:16].tolist()) for r in train} & {tuple(r.flatten()[:16].tolist()) for r in held}
+    (held_in, held_out) = chosen.training_pairs(radius)[1]
+    assert abs(chosen.holdout_snr(held_in, held_out) - max(snr)) < 1e-4  # the model kept is the one chosen
+    last = UNetAttack(public, params, width=4, epochs=4, train_size=256, select="last").fit(radius)
+    assert last.report["chosen-epoch"] == 4 and last.report["holdout-snr"] == snr  # same fit, another choice
+    small = UNetAttack(public[:260], params, width=4, epochs=1, train_size=256).fit(radius)
+    assert small.report["train-size"] == 231 and small.report["holdout-size"] == 25  # no spare: a tenth held out
 
 
 def test_unet_refuses_feature_vectors():

@@ -32,6 +32,7 @@ ENCODING_KEYS = frozenset(
         "encoder", "tau", "alpha", "radius-mode", "radius", "permutation", "mix-k", "coefficient-cap",
         "private-mass-min", "encodings-per-sample", "upload-dtype", "max-upload-mb", "max-upload-samples",
         "adversary", "attack-victims", "attack-steps", "unet-width", "unet-epochs", "unet-train-size",
+        "unet-select",
         # the central trainer of the uploads (fedsmix/trainers/)
         "trainer", "head-penalties", "validation-fraction", "return-model",
         # the server's plausibility checks of the uploads and robust central training

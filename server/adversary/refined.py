@@ -60,8 +60,7 @@ class RefinedMMSE(UNetAttack):
         super().__init__(public, encoder, **options)
         self.mmse = MMSEAttack(prior, clamp=False)  # the network sees the unclamped estimate, here as at attack time
 
-    def training_pairs(self, radius: float) -> tuple[torch.Tensor, torch.Tensor]:
-        originals, enc = self.encoded_public(radius)
+    def encoded_pairs(self, originals: torch.Tensor, enc, radius: float) -> tuple[torch.Tensor, torch.Tensor]:
         public_upload = Observation(x_tilde=enc.x, n_private=len(originals), weights=enc.weights,
                                     sources=enc.sources, radius=float(radius))
         return self.stacked(enc.x, self.mmse.reconstruct(public_upload)), originals

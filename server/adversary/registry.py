@@ -61,7 +61,7 @@ def _unet(settings: Settings, public: torch.Tensor, device: str = "cpu", **_) ->
 
     return UNetAttack(
         public, encoder_params(settings, 0.0), width=settings.unet_width, epochs=settings.unet_epochs,
-        train_size=settings.unet_train_size, seed=settings.seed, device=device,
+        train_size=settings.unet_train_size, seed=settings.seed, device=device, select=settings.unet_select,
     )
 
 
@@ -74,6 +74,7 @@ def _refined(settings: Settings, public: torch.Tensor, device: str = "cpu", **op
     return RefinedMMSE(
         public, encoder_params(settings, 0.0), gaussian_prior(public, **options), width=settings.unet_width,
         epochs=settings.unet_epochs, train_size=settings.unet_train_size, seed=settings.seed, device=device,
+        select=settings.unet_select,
     )
 
 
