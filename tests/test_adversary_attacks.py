@@ -164,6 +164,9 @@ def test_snr_psnr_ssim_match_hand_computed_values():
     assert ssim(b, b).item() == pytest.approx(1.0, abs=1e-6)
     texture = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     assert ssim(texture, texture).tolist() == pytest.approx([1.0, 1.0], abs=1e-6)
+    noisy = (texture + 0.2 * torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))).clamp(0, 1)
+    many, other = texture.repeat(5, 1, 1, 1), noisy.repeat(5, 1, 1, 1)
+    assert torch.equal(ssim(many, other, batch=3), ssim(many, other))  # scored in batches, image by image
     # mean, std and the best-recovered index over images
     x = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
     x_hat = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]])  # SNR 0, 10 log10 4, 0
