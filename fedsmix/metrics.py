@@ -72,6 +72,30 @@ def st_lpips(x01: torch.Tensor, x_hat01: torch.Tensor, batch: int = 256) -> torc
     ]).float().cpu()
 
 
+@torch.no_grad()
+def st_lpips_pairwise(x01: torch.Tensor, batch: int = 64) -> torch.Tensor:
+    """ST-LPIPS distance between every two of `x01`'s images, (n, n): what `st_lpips` gives each pair, with the
+    network run once per image instead of once per pair (n forward passes, not n^2: a minute instead of 15 for
+    64 images at 128 px)."""
+    from stlpips_pytorch.utils import normalize_tensor
+
+    if x01.shape[1] == 1:
+        x01 = x01.expand(-1, 3, -1, -1)
+    net = _st_lpips_net().to(x01.device)
+    features = [[] for _ in range(net.L)]
+    for s in range(0, len(x01), batch):
+        inputs = 2 * x01[s : s + batch].float() - 1  # as `normalize=True`
+        outs = net.net.forward(net.scaling_layer(inputs) if net.version == "0.1" else inputs)
+        for layer in range(net.L):
+            features[layer].append(normalize_tensor(outs[layer]))
+    features = [torch.cat(f) for f in features]
+    rows = []
+    for i in range(len(x01)):
+        rows.append(sum(net.lins[layer]((f - f[i : i + 1]) ** 2).mean(dim=(2, 3)).reshape(-1)
+                        for layer, f in enumerate(features)))
+    return torch.stack(rows).float().cpu()
+
+
 @dataclass
 class Score:
     """Mean/std of each metric, and which victim was recovered best (worst case for privacy).

@@ -11,7 +11,7 @@ import torch
 from fedsmix import data as datalib
 from fedsmix.config import load_settings
 from fedsmix.encoders import calibrate, data_statistics, encode, singularized_mixup
-from fedsmix.metrics import psnr_db, score, snr_db, ssim, st_lpips, theorem41_T
+from fedsmix.metrics import psnr_db, score, snr_db, ssim, st_lpips, st_lpips_pairwise, theorem41_T
 from fedsmix.party import Partition, encode_partition, encoder_params
 from fedsmix.seeding import generator
 from fedsmix.space import load_public_pool
@@ -191,6 +191,10 @@ def test_st_lpips_orders_real_images_and_forgives_a_one_pixel_shift(data_dir):
     report, _ = leakage(x, {"noisy": noisy}, torch.full_like(x[0], 0.5), to_unit=lambda t: t)
     assert report["attacks"]["noisy"]["gain"]["st_lpips"] == pytest.approx(float(grey.mean() - noise.mean()), rel=1e-4)
     assert score(x.flatten(1), noisy.flatten(1))[0].st_lpips_mean is None  # feature vectors: does not apply
+    pairs = st_lpips_pairwise(torch.cat([x[:5], noisy[:3]]))  # every pair, the network run once per image
+    both = torch.cat([x[:5], noisy[:3]])
+    for i in range(8):
+        assert torch.allclose(pairs[i], st_lpips(both, both[i : i + 1].expand_as(both)), atol=1e-5), i
 
 
 def test_the_st_lpips_blind_guess_is_the_best_public_image_not_the_mean(data_dir):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from fedsmix.metrics import ST_LPIPS_MIN_SIDE, Score, score, st_lpips, theorem41_bound
+from fedsmix.metrics import ST_LPIPS_MIN_SIDE, Score, score, st_lpips_pairwise, theorem41_bound
 
 from .base import Attack, Observation
 
@@ -51,8 +51,7 @@ def st_lpips_medoid(public: torch.Tensor, to_unit=None, pool: int = BLIND_POOL) 
     ST-LPIPS does not apply (features, images under 28 px)."""
     if to_unit is None or public.dim() != 4 or min(public.shape[-2:]) < ST_LPIPS_MIN_SIDE or len(public) < 2:
         return None
-    images = to_unit(public[:pool].float()).clamp(0, 1)
-    distance = torch.stack([st_lpips(images, images[i : i + 1].expand_as(images)) for i in range(len(images))])
+    distance = st_lpips_pairwise(to_unit(public[:pool].float()).clamp(0, 1))
     return public[int(distance.mean(dim=1).argmin())]
 
 
