@@ -104,9 +104,10 @@ def test_attack_command_writes_the_sweep_tables_and_figures(tmp_path, data_dir):
         "--taus",
         "1,...,1e-2",
         "--attacks",
-        "linear,mmse,unet",
+        "linear,mmse,unet,refined",
+        "--unet-curve",
         "--set",
-        "unet-epochs=1",
+        "unet-epochs=2",
         "--set",
         "unet-width=4",
         "--set",
@@ -136,7 +137,14 @@ def test_attack_command_writes_the_sweep_tables_and_figures(tmp_path, data_dir):
     events = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in events] == ["run-start", "tau", "tau", "tau", "run-end"]  # one event per tau
     assert [(e["tau"], e["index"], e["of"]) for e in events[1:4]] == [(1.0, 1, 3), (0.1, 2, 3), (0.01, 3, 3)]
-    assert set(events[1]["snr"]) == {"linear", "mmse", "unet"} and events[3]["eta"] == 0
+    assert set(events[1]["snr"]) == {"linear", "mmse", "unet", "refined"} and events[3]["eta"] == 0
+    assert "| refined | trivial guess |" in next(line for line in table.splitlines() if line.startswith("| tau"))
+    for record in sweep["taus"]:  # each learned attack: its curve on the victims, its epoch, its checkpoint
+        for name in ("unet", "refined"):
+            fit = record[f"{name}-training"]
+            assert [c["epoch"] for c in fit["curve"]] == [1, 2] and fit["chosen-epoch"] in (1, 2)
+            assert fit["chosen-epoch"] == 1 + fit["holdout-snr"].index(max(fit["holdout-snr"]))
+            assert (tmp_path / "unet-checkpoints" / f"{name}-digits-tau{record['tau']:g}.pt").exists()
 
 
 def test_attack_command_rejects_bad_input(tmp_path, capsys):

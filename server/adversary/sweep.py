@@ -131,10 +131,16 @@ def victims_snr(settings: Settings, cases, calibrations, bounds, pairing=None):
         uploads.append(upload_case(settings, part, enc, calibration, rows, uploaded=enc.x, bounds=bounds,
                                    pairing=pairing))
 
+    inputs: dict[int, torch.Tensor] = {}  # what the network reads of each upload (refined: its MMSE estimate), once
+
     def score(epoch: int, attack) -> dict:
-        snr = torch.cat([snr_db(case.truth.float(), attack.reconstruct(case.observation)[case.rows])
-                         for case in uploads])
-        return {"victims-snr": float(snr.mean())}
+        snr = []
+        for i, case in enumerate(uploads):
+            if i not in inputs:
+                inputs[i] = attack.model_input(case.observation)
+            estimate = attack.predict(inputs[i], case.observation.lo, case.observation.hi)[case.rows]
+            snr.append(snr_db(case.truth.float(), estimate))
+        return {"victims-snr": float(torch.cat(snr).mean())}
 
     return score
 
