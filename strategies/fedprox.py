@@ -293,7 +293,7 @@ def tuned(ctx: RunContext, strategy: str) -> dict:
     torch.save({k: v.detach().cpu() for k, v in models[best].state_dict().items()}, path)
     return {
         **results[best],
-        **tuned_privacy(s, results),
+        **tuned_privacy(tuning.apply(s, tried[best]), results, best),  # the kept setting's clipping norm
         **tuning.report(s, tried, best),
         "validation-accuracy": scores[best],
         "tried-validation-accuracy": [scores[i] for i in range(len(tried))],
@@ -304,16 +304,17 @@ def tuned(ctx: RunContext, strategy: str) -> dict:
     }
 
 
-def tuned_privacy(settings: Settings, results: list[dict]) -> dict:
+def tuned_privacy(settings: Settings, results: list[dict], kept: int = 0) -> dict:
     """A differential-privacy guarantee covers every setting tried: each trained on the parties' data. DP-FedAvg's
     accountant is run again over all their releases; DP-SGD's per-setting epsilons add up (sequential
-    composition, an upper bound)."""
+    composition, an upper bound). The rest of each block (clipping norm, noise) is the kept setting's:
+    `settings` are its settings, `kept` its index."""
     out = {}
     for name, _ in active(settings):
         blocks = [r[name] for r in results if isinstance(r.get(name), dict) and "epsilon" in r[name]]
         if len(blocks) != len(results):
             continue
-        one = blocks[0]
+        one = blocks[kept]
         if name in SERVER_SIDES:
             releases = sum(b["releases"] for b in blocks)
             block = SERVER_SIDES[name].report(settings, one["sampled-per-round"], one["parties"], list(range(releases)))

@@ -197,7 +197,9 @@ def test_a_dp_run_reports_the_accountants_epsilon_with_every_defence_at_once(run
     assert dp["releases"] == 4 and dp["sampled-per-round"] == 2
     assert dp["epsilon"] == pytest.approx(accountant(4), rel=1e-6)
     assert dp["epsilon-one-setting"] == pytest.approx(accountant(2), rel=1e-6)
-    assert dp["noise-std"] == pytest.approx(1.5 * 0.5 / 2)
+    clipping = result["chosen"]["dp-clipping-norm"]  # the clipping norms are tuned (epsilon does not move)
+    assert {t["dp-clipping-norm"] for t in result["tried"]} >= {0.5} and "dp-sgd-max-grad-norm" in result["chosen"]
+    assert dp["noise-std"] == pytest.approx(1.5 * clipping / 2)
     assert result["dp-sgd"]["epsilon-one-setting"] == pytest.approx(6.0, rel=0.02)
     assert result["dp-sgd"]["epsilon"] == pytest.approx(12.0, rel=0.02)  # sequential composition of the two
     saved = torch.load(result["global-model"], weights_only=True)
