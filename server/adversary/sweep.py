@@ -122,15 +122,16 @@ def sweep_label(settings: Settings, parties: int = 0) -> str:
     return "-".join(parts)
 
 
-def victims_snr(settings: Settings, cases, calibrations, bounds, pairing=None):
+def victim_uploads(settings: Settings, cases, calibrations, bounds, pairing=None) -> list:
+    """The victims' uploads at one tau, as the attack loop sees them (for the learned attacks' learning curves)."""
+    return [upload_case(settings, part, encode_partition(settings, part, calibration)[0], calibration, rows,
+                        bounds=bounds, pairing=pairing)
+            for (part, rows), calibration in zip(cases, calibrations)]
+
+
+def victims_snr(uploads: list):
     """A learned attack's learning curve on the victims: after an epoch, their mean SNR (dB) under the model so
     far (analysis only: nothing is chosen on it)."""
-    uploads = []
-    for (part, rows), calibration in zip(cases, calibrations):
-        enc, _ = encode_partition(settings, part, calibration)
-        uploads.append(upload_case(settings, part, enc, calibration, rows, uploaded=enc.x, bounds=bounds,
-                                   pairing=pairing))
-
     inputs: dict[int, torch.Tensor] = {}  # what the network reads of each upload (refined: its MMSE estimate), once
 
     def score(epoch: int, attack) -> dict:
@@ -155,8 +156,8 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
 
     Each tau's U-Net is checkpointed after every epoch under <out_dir>/unet-checkpoints/: the same command with
     the same --out continues an interrupted fit. `unet_curve` scores the victims after every epoch (the
-    record's `unet-training.curve`, `refined-training.curve`: a learning curve for analysis; the attack keeps its
-    last epoch).
+    record's `unet-training.curve`, `refined-training.curve`): a learning curve for analysis; the epoch kept is
+    `unet-select`'s.
     """
     out_dir = Path(out_dir)
     pixels = settings.backbone == "none"
@@ -200,9 +201,10 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
         st = settings.replace(tau=tau)
         calibrations = [calibrate_party(st, part, stat) for stat, (part, _) in zip(stats, cases)]
         training, fit_seconds = {}, {}
+        uploads = victim_uploads(st, cases, calibrations, bounds, pairing) if unet_curve and learned(built) else []
         for name in learned(built):  # one fit per tau, at the parties' median radius (as the ServerApp's adversary)
             started = time.perf_counter()
-            on_epoch = victims_snr(st, cases, calibrations, bounds, pairing) if unet_curve else None
+            on_epoch = victims_snr(uploads) if unet_curve else None
             size = f"-{resize}px" if resize else ""
             checkpoint = out_dir / "unet-checkpoints" / f"{name}-{label}{size}-tau{tau:g}.pt"
             built[name].fit(float(np.median([c.radius for c in calibrations])), checkpoint=checkpoint,
