@@ -54,3 +54,26 @@ def test_the_refined_attack_needs_the_mixing_matrix():
     obs = upload(public[:16], 1.0, seed=3)
     with pytest.raises(ValueError, match="refined: the threat model needs the mixing matrix"):
         attack.reconstruct(Observation(x_tilde=obs.x_tilde, n_private=16, radius=1.0))
+
+
+def test_an_untrained_refiner_is_the_mmse_estimate():
+    """The residual body's last layer starts at zero: before any step the refiner returns the estimate it reads."""
+    for shape in ((3, 8, 8), (40,)):
+        stacked = 1e3 * torch.randn(6, 2 * shape[0], *shape[1:])
+        assert torch.equal(refiner(stacked, width=4)(stacked), stacked[:, shape[0]:])
+
+
+def test_the_refiners_fit_does_not_depend_on_the_datas_units():
+    """Pixels near 1, features under noise of norm in the thousands: the refiner standardises what it reads and
+    scales its correction by the estimates' spread, so the same data in units 100 times larger (radius too) is fit
+    alike: one epoch's loss 100^2 times larger to 0.1 %, the held-out SNR the same to 0.05 dB (an unscaled
+    network's fit depended on the units: 0.7 % and 0.12 dB on this data)."""
+    fits = []
+    for unit in (1.0, 100.0):
+        public, radius = unit * clusters(2000, seed=1), unit * 20.0
+        attack = RefinedMMSE(public, EncoderParams(), GaussianPrior.fit(public, rank=32), width=4, epochs=1,
+                             train_size=2000, lr=3e-3)
+        attack.fit(radius)
+        fits.append((attack.report["train-loss"][0] / unit**2, attack.report["holdout-snr"][0]))
+    (loss, snr), (scaled_loss, scaled_snr) = fits
+    assert abs(scaled_loss / loss - 1) < 1e-3 and abs(scaled_snr - snr) < 0.05, fits
