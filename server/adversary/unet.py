@@ -8,7 +8,7 @@ on the public set come from one fixed seed, so the same public pairs align acros
 
 The attacker keeps its last epoch (`unet-select = last`, the paper's protocol) or, by default (`holdout`), the epoch
 whose model scores best on public images it held out of training, encoded the same way: its own data only, never
-a victim. A fit at the paper's budget takes hours on a CPU: `fit(..., checkpoint=PATH)` saves the model, the optimiser
+a victim. The network as initialised counts as epoch 0 (for `refined` that is the MMSE attack itself). A fit at the paper's budget takes hours on a CPU: `fit(..., checkpoint=PATH)` saves the model, the optimiser
 and the shuffle state after every epoch and continues from the last finished epoch when called again with the
 same file (bit-identical to an uninterrupted fit on the same machine); a checkpoint of other settings is
 refused, naming the setting. `on_epoch(epoch, attack)` runs after each epoch (a learning curve: the sweep
@@ -152,6 +152,11 @@ class UNetAttack(Attack):
             if log:
                 log(f"{self.name}: resumed at epoch {resumed}/{self.epochs} from {checkpoint}")
         self.model, self.radius = model, float(radius)
+        if self.select == "holdout" and best is None:  # the network as initialised is a candidate too (epoch 0):
+            model.eval()  # an untrained refiner is the MMSE attack, which training must beat to be kept
+            initial = self.holdout_snr(*held)
+            best = {"epoch": 0, "holdout-snr": initial, "initial": initial,
+                    "model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
         for epoch in range(resumed + 1, self.epochs + 1):
             model.train()
             order, total = torch.randperm(len(inputs), generator=shuffle).to(self.device), 0.0
@@ -171,7 +176,7 @@ class UNetAttack(Attack):
             model.eval()
             held_snr.append(self.holdout_snr(*held))
             if self.select == "holdout" and (best is None or held_snr[-1] > best["holdout-snr"]):
-                best = {"epoch": epoch, "holdout-snr": held_snr[-1],
+                best = {"epoch": epoch, "holdout-snr": held_snr[-1], "initial": best["initial"],
                         "model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
             if on_epoch is not None:
                 curve.append({"epoch": epoch, **on_epoch(epoch, self)})
@@ -201,6 +206,7 @@ class UNetAttack(Attack):
             "holdout-size": len(held[0]),
             "select": self.select,
             "chosen-epoch": chosen,
+            "initial-holdout-snr": best.get("initial") if best else None,
             "fit-seconds": time.perf_counter() - t0,
             "device": self.device,
         }
