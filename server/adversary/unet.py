@@ -8,8 +8,9 @@ on the public set come from one fixed seed, so the same public pairs align acros
 
 The attacker keeps its last epoch (`unet-select = last`, the paper's protocol) or, by default (`holdout`), the epoch
 whose model scores best on public images it held out of training, encoded the same way: its own data only, never
-a victim. The network as initialised counts as epoch 0 (for `refined` that is the MMSE attack itself). A fit at the paper's budget takes hours on a CPU: `fit(..., checkpoint=PATH)` saves the model, the optimiser
-and the shuffle state after every epoch and continues from the last finished epoch when called again with the
+a victim. The network as initialised counts as epoch 0 (for `refined` that is the MMSE attack itself). A fit at
+the paper's budget takes hours on a CPU: `fit(..., checkpoint=PATH)` saves the model, the optimiser and the shuffle
+state after every epoch and continues from the last finished epoch when called again with the
 same file (bit-identical to an uninterrupted fit on the same machine); a checkpoint of other settings is
 refused, naming the setting. `on_epoch(epoch, attack)` runs after each epoch (a learning curve: the sweep
 scores the victims there, for analysis only: nothing is chosen on it).
