@@ -139,11 +139,16 @@ def test_attack_command_writes_the_sweep_tables_and_figures(tmp_path, data_dir):
     assert [(e["tau"], e["index"], e["of"]) for e in events[1:4]] == [(1.0, 1, 3), (0.1, 2, 3), (0.01, 3, 3)]
     assert set(events[1]["snr"]) == {"linear", "mmse", "unet", "refined"} and events[3]["eta"] == 0
     assert "| refined | trivial guess |" in next(line for line in table.splitlines() if line.startswith("| tau"))
+    for record, row in zip(sweep["taus"], rows):  # the leakage cell: the attack of the highest gain, named
+        gains = {name: entry["gain"]["snr_db"] for name, entry in record["attacks"].items()}
+        assert record["strongest"] == max(gains, key=gains.get) == row["strongest_attack"]
+        assert f"| {record['strongest']} ({gains[record['strongest']]:+.2f}) |" in table
     for record in sweep["taus"]:  # each learned attack: its curve on the victims, its epoch, its checkpoint
         for name in ("unet", "refined"):
             fit = record[f"{name}-training"]
-            assert [c["epoch"] for c in fit["curve"]] == [1, 2] and fit["chosen-epoch"] in (1, 2)
-            assert fit["chosen-epoch"] == 1 + fit["holdout-snr"].index(max(fit["holdout-snr"]))
+            assert [c["epoch"] for c in fit["curve"]] == [1, 2]
+            candidates = [fit["initial-holdout-snr"], *fit["holdout-snr"]]  # epoch 0: the network as initialised
+            assert fit["chosen-epoch"] == candidates.index(max(candidates))
             assert (tmp_path / "unet-checkpoints" / f"{name}-digits-tau{record['tau']:g}.pt").exists()
 
 

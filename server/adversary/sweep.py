@@ -235,6 +235,7 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
         record = {
             "tau": tau, **calibration_summary(calibrations, [part.party for part, _ in cases]),
             **report, "mixed": mixed.as_dict(), "seconds": seconds,
+            "strongest": outcome.best(),  # the leakage cell: the attack with the highest SNR gain, named
             "theorem41": outcome.summary.get("theorem41", {}),
             "paper": {"linear": paper_value(PAPER_LINEAR, settings.dataset, tau) if pixels else None,
                       "unet": paper_value(PAPER_UNET, settings.dataset, tau) if pixels else None},
@@ -297,6 +298,9 @@ def csv_rows(result: dict) -> list[dict]:
             row[f"paper_{name}_snr"] = rec["paper"].get(name)
         for name, t41 in rec["theorem41"].items():
             row.update({f"thm41_{name}_{k}": v for k, v in t41.items()})
+        strongest = rec.get("strongest")
+        row["strongest_attack"] = strongest
+        row["strongest_gain_snr_db"] = rec["attacks"][strongest].get("gain", {}).get("snr_db") if strongest else None
         row["threat_model"] = result.get("pairing", "oracle")
         if "pairing" in rec:
             row.update({k.replace("-", "_"): v for k, v in rec["pairing"].items()})
@@ -326,6 +330,8 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
     if pixels and any(e.get("gain", {}).get("st_lpips") is not None
                       for rec in result["taus"] for e in rec["attacks"].values()):
         columns += [(f"lpips_{n}", f"gain ST-LPIPS {n}") for n in names]
+    if len(names) > 1:
+        columns += [("strongest", "strongest attack (gain dB)")]
     if "linear" in names:
         columns += [("t41", "Thm 4.1: r²T / linear error (median)")]
     rows = []
@@ -342,6 +348,9 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
             row[name] = pm(entry["score"]["snr_mean"], entry["score"]["snr_std"])
             row[f"gain_{name}"] = signed(entry.get("gain", {}).get("snr_db"))
             row[f"lpips_{name}"] = signed(entry.get("gain", {}).get("st_lpips"), 3)
+        strongest = rec.get("strongest")
+        row["strongest"] = (f"{strongest} ({signed(rec['attacks'][strongest].get('gain', {}).get('snr_db'))})"
+                            if strongest else "-")
         if "linear" in rec["theorem41"]:
             t41 = rec["theorem41"]["linear"]
             row["t41"] = f"{t41['bound-median']:.3g} / {t41['error-median']:.3g}"
