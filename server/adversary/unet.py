@@ -177,7 +177,7 @@ class UNetAttack(Attack):
             model.eval()
             held_snr.append(self.holdout_snr(*held))
             if self.select == "holdout" and (best is None or held_snr[-1] > best["holdout-snr"]):
-                best = {"epoch": epoch, "holdout-snr": held_snr[-1], "initial": best["initial"],
+                best = {"epoch": epoch, "holdout-snr": held_snr[-1], "initial": (best or {}).get("initial"),
                         "model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
             if on_epoch is not None:
                 curve.append({"epoch": epoch, **on_epoch(epoch, self)})
