@@ -422,8 +422,9 @@ def _label_mix_terms(rows: int, metrics: dict, settings: Settings) -> dict:
         "training_rows": training, "label_spread": spread, "screened": screened,
         "share_factors": (None if spread is None or screened else (1.0, 1.0) if spread == 0
                           else (1 / (2 * settings.alpha), 1 / (2 * (1 - settings.alpha)))),
-        "validation_sizes": () if screened else tuple(sorted(validation_rows(round(training),
-                                                                             settings.validation_fraction))),
+        "validation_sizes": tuple(sorted(set().union(*(  # under a screen, `training` is rows over the reported kept
+            validation_rows(n, settings.validation_fraction)  # share: up to rounding, the rows it encoded
+            for n in {math.floor(training), math.ceil(training)} if n >= 1)))),
     }
 
 

@@ -368,6 +368,23 @@ def test_an_uploads_label_mix_is_held_against_its_own_validation_split(one_threa
     assert verdict["party"] == bad and "split of 0 rows" in verdict["reason"] and str(sum(counts)) in verdict["reason"]
 
 
+def test_under_a_screen_the_validation_split_must_still_be_the_size_its_rows_give(one_thread):
+    """A screen drops encodings by their content, and each party reports the share it dropped: the rows it encoded
+    follow from the upload and that share, so its validation split's size is still fixed. Honest screened parties
+    pass `label-mix`; one that reports an empty split (which would silence the check) is named."""
+    parties, bad = 4, 1
+    settings = load_settings({"preset": "configs/quickstart.yaml", "dataset": "mnist", "tau": 1.0,
+                              "validation-fraction": 0.25, "screen": "snr", "screen-threshold": 3.0})
+    uploads = [prepare_upload(settings, p, parties) for p in range(parties)]
+    assert all(u.metrics["screened-fraction"] > 0.01 for u in uploads)  # the screen dropped rows of every party
+    evidence = examine_all(settings, uploads)
+    assert plausibility.mixed_labels(evidence) == []
+    empty = {**uploads[bad].metrics, "validation-counts": [0] * len(uploads[bad].metrics["validation-counts"])}
+    evidence[bad] = plausibility.examine(bad, uploads[bad].arrays["x"], uploads[bad].arrays["y"], empty, settings)
+    [verdict] = plausibility.mixed_labels(evidence)
+    assert verdict["party"] == bad and "split of 0 rows" in verdict["reason"]
+
+
 @pytest.mark.parametrize("tau", [1.0, 1e-3])
 def test_random_rows_vary_less_in_norm_than_the_mixing_weights_make_honest_ones(one_thread, tau):
     """norm-spread, on the MNIST slice: every honest upload's rows vary in squared norm about as much as the mixing
