@@ -13,8 +13,9 @@ at B = 16, 0.6 at B = 32; MNIST's 4.0 and 2.0). Measured: alpha_TV, not steps or
 blind guess (docs/results/defences.md).
 
 Scores: gains over the blind guesses (SNR / SSIM against the public mean image; ST-LPIPS against the public
-ST-LPIPS medoid, CIFAR-10 only), victims matched to reconstructions by least squared error (Hungarian), as the
-frontier scores them. Labels known (the appendix's Table 5 setting). Attackers: `ATTACKERS` below (the
+ST-LPIPS medoid; MNIST's 28 px grey images go through it as three equal channels), victims matched to
+reconstructions by least squared error (Hungarian), as the frontier scores them. Labels known (the appendix's
+Table 5 setting). Attackers: `ATTACKERS` below (the
 frontier's study as its tables ran, the same with alpha_TV chosen on a public probe, GradAttack's BN_exact and
 realistic settings, and two ablations of the realistic one). Run one at a time on a 2-core machine:
 
@@ -26,6 +27,8 @@ realistic settings, and two ablations of the realistic one). Run one at a time o
         --attackers exact-tv0.01,infer-no-prior,exact-masks-unknown
     .venv/bin/python benchmarks/gradient_budget.py --dataset cifar10 --batch 16 --attackers exact --steps 2000 \
         --rows fedavg-prune0.9,fedavg-mixup-k4,fedavg-instahide-k4,fedavg-instahide-k4-prune0.9
+    .venv/bin/python benchmarks/gradient_budget.py --dataset mnist --batch 16,32 --attackers exact,infer \
+        --steps 2000 --snapshots 500,1000
 """
 
 from __future__ import annotations
