@@ -47,21 +47,8 @@ SETTINGS = {
 def misplacement(evidence: list, rule: str) -> dict[int, float]:
     """Per judged party: the largest z over its classes by which another class's mean (the other parties') is
     nearer to its class mean than that class's own (> 0: misplaced)."""
-    labels = sum(e.label_sums for e in evidence)
-    sums = sum(e.class_sums.astype(np.float64) for e in evidence)
-    rows, row_sum = sum(e.rows for e in evidence), sum(e.row_sum for e in evidence)
     out = {}
-    for e in evidence:
-        their_labels = labels - e.label_sums
-        theirs = plausibility.class_offsets(their_labels, sums - e.class_sums.astype(np.float64), row_sum - e.row_sum,
-                                            rows - e.rows)
-        share = e.label_sums / max(float(e.label_sums.sum()), 1e-12)
-        mine = plausibility.class_offsets(e.label_sums, e.class_sums.astype(np.float64), e.row_sum, e.rows) \
-            + share @ theirs  # the acquisition offset removed, as labels-vs-peers does
-        known = their_labels >= plausibility.MIN_CLASS_ROWS
-        held = np.flatnonzero((e.label_sums >= plausibility.MIN_CLASS_ROWS) & known)
-        if float(e.label_sums[held] @ (1 - share[held])) < plausibility.MIN_CLASS_ROWS:
-            continue  # (nearly) one class: labels-vs-peers does not judge it either
+    for e, mine, theirs, known, held in plausibility.peer_class_means(evidence):  # as labels-vs-peers sees them
         worst = -math.inf
         for c in held:
             near = theirs @ mine[c] if rule == "inner" else -((mine[c] - theirs) ** 2).sum(axis=1)

@@ -676,20 +676,16 @@ class Alignment:
     error: float  # its standard error from the noise of the party's class means (its rows' spread over their mass)
 
 
-def alignment(evidence: list[Evidence]) -> dict[int, Alignment]:
-    """Per party: how well its class means point where the other parties' means of the same classes point, as
-    sum_c m_c <a_c, b_c> / sum_c m_c max_c' <a_c, b_c'> over the classes both sides hold MIN_CLASS_ROWS of label
-    mass (m_c: the party's mass of class c). b: the others' pooled class means about their overall mean; a: the
-    party's class means about its own overall mean, plus the mean its label mix has among the others' (so an
-    acquisition offset common to its rows drops out). A class a party holds nearly alone of its rows is its
-    overall mean and says nothing of its labels: a party is judged only when its classes carry MIN_CLASS_ROWS of
-    label mass beyond that (sum_c m_c (1 - share_c)); a party of one class is not. 1: every class points to its
-    own; a permuted party near 0 or below. Its error: each class mean's noise per coordinate is at most the
-    party's spread per coordinate (energy / k) over the class's label mass, carried through the numerator."""
+def peer_class_means(evidence: list[Evidence]):
+    """Per party that holds more than (nearly) one class: (evidence, a, b, known, held). b (C, k): the other parties'
+    pooled class means about their overall mean; a (C, k): the party's class means about its own overall mean, plus
+    the mean its label mix has among the others' (an acquisition offset common to its rows drops out); known: the
+    classes the others hold MIN_CLASS_ROWS of label mass of; held: those the party holds as much of too. A party
+    whose classes carry less than MIN_CLASS_ROWS of label mass beyond its commonest share (sum_c m_c (1 - share_c))
+    is skipped: a class it holds nearly alone of its rows is its overall mean and says nothing of its labels."""
     total_labels = sum(e.label_sums for e in evidence)
     total_classes = sum(e.class_sums.astype(np.float64) for e in evidence)
     total_rows, total_sum = sum(e.rows for e in evidence), sum(e.row_sum for e in evidence)
-    out = {}
     for e in evidence:
         their_labels = total_labels - e.label_sums
         theirs = class_offsets(their_labels, total_classes - e.class_sums.astype(np.float64), total_sum - e.row_sum,
@@ -698,9 +694,20 @@ def alignment(evidence: list[Evidence]) -> dict[int, Alignment]:
         mine = class_offsets(e.label_sums, e.class_sums.astype(np.float64), e.row_sum, e.rows) + share @ theirs
         known = their_labels >= MIN_CLASS_ROWS  # classes the others' means place
         held = np.flatnonzero((e.label_sums >= MIN_CLASS_ROWS) & known)  # ... and the party's own do too
+        if float(e.label_sums[held] @ (1 - share[held])) >= MIN_CLASS_ROWS:  # not (nearly) one class
+            yield e, mine, theirs, known, held
+
+
+def alignment(evidence: list[Evidence]) -> dict[int, Alignment]:
+    """Per party: how well its class means point where the other parties' means of the same classes point, as
+    sum_c m_c <a_c, b_c> / sum_c m_c max_c' <a_c, b_c'> over the classes both sides hold MIN_CLASS_ROWS of label
+    mass (m_c: the party's mass of class c), a and b as `peer_class_means` gives them (a party of one class is not
+    judged). 1: every class points to its own; a permuted party near 0 or below. Its error: each class mean's noise
+    per coordinate is at most the party's spread per coordinate (energy / k) over the class's label mass, carried
+    through the numerator."""
+    out = {}
+    for e, mine, theirs, known, held in peer_class_means(evidence):
         mass = e.label_sums[held]
-        if float(mass @ (1 - share[held])) < MIN_CLASS_ROWS:  # (nearly) one class: nothing to judge
-            continue
         inner = np.where(known, mine[held] @ theirs.T, -np.inf)  # its class c against every class c' they place
         denominator = float(mass @ inner.max(axis=1))
         if denominator > 0:
