@@ -298,14 +298,18 @@ def csv_rows(result: dict) -> list[dict]:
             row[f"paper_{name}_snr"] = rec["paper"].get(name)
         for name, t41 in rec["theorem41"].items():
             row.update({f"thm41_{name}_{k}": v for k, v in t41.items()})
-        strongest = rec.get("strongest")
-        row["strongest_attack"] = strongest
-        row["strongest_gain_snr_db"] = rec["attacks"][strongest].get("gain", {}).get("snr_db") if strongest else None
+        row["strongest_attack"], row["strongest_gain_snr_db"] = rec.get("strongest"), strongest_gain(rec)
         row["threat_model"] = result.get("pairing", "oracle")
         if "pairing" in rec:
             row.update({k.replace("-", "_"): v for k, v in rec["pairing"].items()})
         rows.append(row)
     return rows
+
+
+def strongest_gain(rec: dict) -> float | None:
+    """The SNR gain of a tau record's strongest attack (None: no attack scored)."""
+    name = rec.get("strongest")
+    return rec["attacks"][name].get("gain", {}).get("snr_db") if name else None
 
 
 def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
@@ -348,9 +352,7 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
             row[name] = pm(entry["score"]["snr_mean"], entry["score"]["snr_std"])
             row[f"gain_{name}"] = signed(entry.get("gain", {}).get("snr_db"))
             row[f"lpips_{name}"] = signed(entry.get("gain", {}).get("st_lpips"), 3)
-        strongest = rec.get("strongest")
-        row["strongest"] = (f"{strongest} ({signed(rec['attacks'][strongest].get('gain', {}).get('snr_db'))})"
-                            if strongest else "-")
+        row["strongest"] = f"{rec['strongest']} ({signed(strongest_gain(rec))})" if rec.get("strongest") else "-"
         if "linear" in rec["theorem41"]:
             t41 = rec["theorem41"]["linear"]
             row["t41"] = f"{t41['bound-median']:.3g} / {t41['error-median']:.3g}"

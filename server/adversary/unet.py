@@ -135,7 +135,7 @@ class UNetAttack(Attack):
         optimizer = torch.optim.Adam(model.parameters(), lr=self.lr)
         shuffle = generator(self.seed, "unet", "shuffle")
         key = self.checkpoint_key(radius, inputs)
-        losses, curve, held_snr, best, resumed = [], [], [], None, 0
+        losses, curve, held_snr, best, initial, resumed = [], [], [], None, None, 0
         if checkpoint is not None and Path(checkpoint).exists():
             state = torch.load(checkpoint, map_location=self.device, weights_only=False)
             for name, value in key.items():
@@ -146,7 +146,7 @@ class UNetAttack(Attack):
             optimizer.load_state_dict(state["optimizer"])
             shuffle.set_state(state["shuffle"])
             losses, curve, resumed = list(state["losses"]), list(state["curve"]), len(state["losses"])
-            held_snr, best = list(state["holdout-snr"]), state["best"]
+            held_snr, best, initial = list(state["holdout-snr"]), state["best"], state.get("initial-holdout-snr")
             if resumed > self.epochs:
                 raise ValueError(f"{self.name}: checkpoint {checkpoint} has {resumed} epochs, this fit asks for "
                                  f"{self.epochs}; raise unet-epochs to continue it, or use another")
@@ -156,7 +156,7 @@ class UNetAttack(Attack):
         if self.select == "holdout" and best is None:  # the network as initialised is a candidate too (epoch 0):
             model.eval()  # an untrained refiner is the MMSE attack, which training must beat to be kept
             initial = self.holdout_snr(*held)
-            best = {"epoch": 0, "holdout-snr": initial, "initial": initial,
+            best = {"epoch": 0, "holdout-snr": initial,
                     "model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
         for epoch in range(resumed + 1, self.epochs + 1):
             model.train()
@@ -177,7 +177,7 @@ class UNetAttack(Attack):
             model.eval()
             held_snr.append(self.holdout_snr(*held))
             if self.select == "holdout" and (best is None or held_snr[-1] > best["holdout-snr"]):
-                best = {"epoch": epoch, "holdout-snr": held_snr[-1], "initial": (best or {}).get("initial"),
+                best = {"epoch": epoch, "holdout-snr": held_snr[-1],
                         "model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
             if on_epoch is not None:
                 curve.append({"epoch": epoch, **on_epoch(epoch, self)})
@@ -185,7 +185,7 @@ class UNetAttack(Attack):
                 buffer = io.BytesIO()
                 torch.save({"key": key, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                             "shuffle": shuffle.get_state(), "losses": losses, "curve": curve,
-                            "holdout-snr": held_snr, "best": best}, buffer)
+                            "holdout-snr": held_snr, "initial-holdout-snr": initial, "best": best}, buffer)
                 atomic_write_bytes(Path(checkpoint), buffer.getvalue())  # a fit killed mid-save keeps the last epoch
             if log:
                 extra = "".join(f", {k} {v:.3g}" for k, v in curve[-1].items() if k != "epoch") if on_epoch else ""
@@ -207,7 +207,7 @@ class UNetAttack(Attack):
             "holdout-size": len(held[0]),
             "select": self.select,
             "chosen-epoch": chosen,
-            "initial-holdout-snr": best.get("initial") if best else None,
+            "initial-holdout-snr": initial,
             "fit-seconds": time.perf_counter() - t0,
             "device": self.device,
         }
