@@ -17,7 +17,8 @@ fedsmix/faults.py at several strengths, at tau 1 (digits) and 1e-3 (CIFAR-10 Eff
 caught it.
 
 `--liars`: a consistent liar (`relabel-target` 1, `relabel-flip`: party 3 relabels its own data, so its upload, its
-validation counts and its votes tell one lie) against `class-prior` uploads / uniform, at tau 1 on digits and MNIST
+validation counts and its votes tell one lie) against `class-prior` uploads / uniform, each with the pooled and the
+trimmed `selection-score`, at tau 1 on digits and MNIST
 (12,000 images, 10 epochs) and at tau 1e-3 / 1e-2 on the CIFAR-10 features, seeds 1-3 (partition, encoding,
 training): each cell the mean cost against the same seed's clean run with the same prior, with its 95 % interval,
 and the clean cost of the uniform prior.
@@ -91,10 +92,16 @@ LIAR_SETTINGS = {
 }
 LIARS = {"clean": {}, "relabel-target 1": {"fault": f"relabel-target:{BAD}", "fault-strength": 1.0},
          "relabel-flip": {"fault": f"relabel-flip:{BAD}"}}
-PRIORS, SEEDS = ("uploads", "uniform"), (1, 2, 3)
-LIAR_VARIANTS = {f"{setting}; class-prior {prior}; seed {seed}": ({**base, "class-prior": prior, "seed": seed},
-                                                                  tuple(LIARS))
-                 for setting, base in LIAR_SETTINGS.items() for seed in SEEDS for prior in PRIORS}
+# the rules each liar meets: the class prior the trainers learn, and how the voters' counts score a candidate
+ARMS = {
+    "class-prior uploads": {"class-prior": "uploads"},
+    "class-prior uniform": {"class-prior": "uniform"},
+    "class-prior uploads; selection-score trimmed": {"class-prior": "uploads", "selection-score": "trimmed"},
+    "class-prior uniform; selection-score trimmed": {"class-prior": "uniform", "selection-score": "trimmed"},
+}
+BASE_ARM, SEEDS = "class-prior uploads", (1, 2, 3)
+LIAR_VARIANTS = {f"{setting}; {arm}; seed {seed}": ({**base, **rules, "seed": seed}, tuple(LIARS))
+                 for setting, base in LIAR_SETTINGS.items() for seed in SEEDS for arm, rules in ARMS.items()}
 
 
 def run_row(variant: str, fault: str) -> dict:
@@ -169,37 +176,37 @@ def family_table(rows: list[dict]) -> str:
 
 
 def liar_table(rows: list[dict]) -> str:
-    """One line per setting and fault, a column per class prior: the accuracy it costs against the same seed's clean
-    run with the same prior (points, mean and 95 % interval over seeds), and who quarantined party 3; the clean line
-    gives the accuracy, and the uniform column its change from the uploads' prior on the same seed."""
+    """One line per setting and fault, a column per arm (class prior, selection score): the accuracy the liar costs
+    against the same seed's clean run of the same arm (points, mean and 95 % interval over seeds), and who
+    quarantined party 3; the clean line gives the accuracy, and each other arm's change from it on the same seed."""
     acc = {(r["variant"], r["fault"]): r for r in rows if r["variant"] in LIAR_VARIANTS}
     lines, counts = [], []
     for setting in LIAR_SETTINGS:
         for fault in LIARS:
             line = {"setting": setting, "fault": fault}
-            for prior in PRIORS:
+            for arm in ARMS:
                 deltas, named, n = [], 0, 0
                 for seed in SEEDS:
-                    row = acc.get((f"{setting}; class-prior {prior}; seed {seed}", fault))
+                    row = acc.get((f"{setting}; {arm}; seed {seed}", fault))
                     if fault == "clean":
-                        base = acc.get((f"{setting}; class-prior uploads; seed {seed}", "clean"))
+                        base = acc.get((f"{setting}; {BASE_ARM}; seed {seed}", "clean"))
                         if row and base:
-                            deltas.append(100 * (row["accuracy"] - base["accuracy"]) if prior == "uniform"
+                            deltas.append(100 * (row["accuracy"] - base["accuracy"]) if arm != BASE_ARM
                                           else 100 * row["accuracy"])
                         continue
-                    base = acc.get((f"{setting}; class-prior {prior}; seed {seed}", "clean"))
+                    base = acc.get((f"{setting}; {arm}; seed {seed}", "clean"))
                     if row and base:
                         deltas.append(100 * (row["accuracy"] - base["accuracy"]))
                         n += 1
                         named += bool(named_bad(row))
                 counts.append(len(deltas))
-                text = ci(interval(deltas), "+.2f" if fault != "clean" or prior == "uniform" else ".2f")
+                text = ci(interval(deltas), "+.2f" if fault != "clean" or arm != BASE_ARM else ".2f")
                 if fault != "clean" and n:
                     text += f" (caught {named}/{n})"
-                line[prior] = text
+                line[arm] = text
             lines.append(line)
-    return markdown(lines, [("setting", "setting"), ("fault", "party 3"), *[(p, f"class-prior {p}") for p in PRIORS]],
-                    "llrr") + "\n\n" + ci_caption(counts, seeds=SEEDS)
+    return markdown(lines, [("setting", "setting"), ("fault", "party 3"), *[(a, a) for a in ARMS]],
+                    "ll" + "r" * len(ARMS)) + "\n\n" + ci_caption(counts, seeds=SEEDS)
 
 
 def main() -> None:

@@ -50,6 +50,7 @@ FAULT_SHARES = ("partial-garbage", "label-noise", "label-target", "relabel-targe
 FEATURE_SHIFTS = ("brightness", "contrast", "blur", "colour", "rotation")  # feature-skew (fedsmix/acquisition.py)
 AGGREGATIONS = ("fedavg", "fedmedian", "fedtrimmedavg", "krum", "multikrum", "bulyan")
 ROBUST_TRAINING = ("off", "clip", "trim")
+SELECTION_SCORES = ("pooled", "trimmed")  # how the voters' counts score a candidate (fedsmix/tuning.py)
 CLASS_PRIORS = ("uploads", "uniform")  # the class prior central training learns (fedsmix/trainers/union.py)
 
 
@@ -170,6 +171,9 @@ class Settings(BaseModel):
                                                     "scores (the same for every strategy); 1 = the configured one")
     validation_queries: int = Field(0, ge=0, description="models a party scores per run before it refuses; 0 = "
                                                          "what the tuning budget needs")
+    selection_score: Literal[SELECTION_SCORES] = Field(  # type: ignore[valid-type]
+        "pooled", description="how the voters' validation counts score a candidate: pooled, or trimmed (pooled "
+        "without the voter that scores it highest and the one that scores it lowest)")
     return_model: bool = Field(True, description="send the model back; each party recalibrates it on its own data")
     # rounds sized by what they need, not by the federation: a seeded sample of the parties answers them
     vote_parties: int = Field(10, ge=0, description="parties that score the trainer's candidates; 0 = every party")

@@ -4,7 +4,9 @@ Each party keeps `validation-fraction` of its own clean rows as a validation spl
 encoded, uploaded or trained on. Every strategy tries at most `tuning-budget` settings, the configured one
 first and the rest a seeded draw from its search space below (random search: the same budget buys each
 strategy the same number of tries), and keeps the one with the most correct predictions pooled over the
-parties' validation splits; the test split is never read to choose. A setting's training curve comes with it:
+parties' validation splits (`selection-score trimmed`: pooled without the voter that scores a candidate highest
+and the one that scores it lowest, so that no one party's answers move it alone); the test split is never read
+to choose. A setting's training curve comes with it:
 FedAvg/FedProx also choose the round to stop at, local-only parties the epoch, on the same scores.
 
 Who scores: mixup-union's candidates and FedAvg/FedProx's global models are scored by the parties (query
@@ -74,14 +76,23 @@ def apply(settings: Settings, setting: dict) -> Settings:
     return settings.replace(**{key.replace("-", "_"): value for key, value in setting.items()})
 
 
-def pooled(scores: dict[int, dict[str, dict[str, int]]], names: list) -> tuple[object, dict]:
-    """The candidate with the most correct predictions pooled over the parties (ties: the earlier one), and
-    every candidate's pooled accuracy. `scores`: party -> candidate -> {"correct", "n"}."""
-    accuracy = {}
-    for name in names:
-        correct = sum(int(s[name]["correct"]) for s in scores.values() if name in s)
-        total = sum(int(s[name]["n"]) for s in scores.values() if name in s)
-        accuracy[name] = correct / total if total else math.nan
+def score(counts: list[dict], rule: str = "pooled") -> float:
+    """One candidate's validation score from the voters' counts ({"correct", "n"} each): the accuracy pooled over
+    them, or (`trimmed`) pooled over the voters left when the one that scores the candidate highest and the one
+    that scores it lowest are set aside: one party's answers (a consistent liar's votes among them) can then
+    neither lift a candidate nor sink it beyond what the other voters say. With fewer than three voters that
+    answered, the pooled accuracy. NaN: nobody answered."""
+    counts = [(int(c["correct"]), int(c["n"])) for c in counts if int(c["n"])]
+    if rule == "trimmed" and len(counts) >= 3:
+        counts = sorted(counts, key=lambda cn: cn[0] / cn[1])[1:-1]
+    correct, total = sum(c for c, _ in counts), sum(n for _, n in counts)
+    return correct / total if total else math.nan
+
+
+def pooled(scores: dict[int, dict[str, dict[str, int]]], names: list, rule: str = "pooled") -> tuple[object, dict]:
+    """The candidate with the best `score` under `rule` (ties: the earlier one), and every candidate's score.
+    `scores`: party -> candidate -> {"correct", "n"}."""
+    accuracy = {name: score([s[name] for s in scores.values() if name in s], rule) for name in names}
     valid = [n for n in names if not math.isnan(accuracy[n])]
     if not valid:
         raise ValueError("no party scored any candidate: nothing to choose with")

@@ -19,6 +19,7 @@ reply, and the rounds it aggregated are the releases the accountant counts.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -86,12 +87,14 @@ class ReportingFedProx(FedProx):
                 for p in self.voters if p in nodes]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """The parties' counts pooled (correct / n); a party that refuses or fails does not vote."""
+        """The parties' counts scored by the one selection rule (`tuning.score`: pooled correct / n, or
+        trimmed); a party that refuses or fails does not vote."""
         counts = [r.content[wire.METRICS] for r in replies if not r.has_error()]
-        total = sum(int(m[wire.COUNT]) for m in counts)
-        if not total:
+        score = tuning.score([{"correct": m[wire.CORRECT], "n": m[wire.COUNT]} for m in counts],
+                             self.ctx.settings.selection_score)
+        if math.isnan(score):
             return None
-        self.validation[server_round] = sum(int(m[wire.CORRECT]) for m in counts) / total
+        self.validation[server_round] = score
         return MetricRecord({"validation-accuracy": self.validation[server_round], "voters": len(counts)})
 
     def aggregate_train(

@@ -160,3 +160,42 @@ def test_a_results_entry_describes_its_selection_for_the_tables():
     assert described(local) == {"tuning": "5 tried, budget 6", "chosen": "lr=0.01 (1 party); lr=0.003 (2 parties)"}
     assert described({"tuning-budget": 6, "tried": ["mlp"], "chosen": "mlp"})["chosen"] == "mlp"
     assert described({"accuracy": 0.9}) == {}
+
+
+def _liar_and_honest_votes():
+    """Five honest voters that prefer candidate A (15 / 20 against 14 / 20), and one with a large split that
+    votes everything for B: its answers alone decide the pooled score."""
+    honest = {p: {"A": {"correct": 15, "n": 20}, "B": {"correct": 14, "n": 20}} for p in range(5)}
+    return {**honest, 5: {"A": {"correct": 0, "n": 100}, "B": {"correct": 100, "n": 100}}}
+
+
+def test_a_trimmed_selection_score_keeps_one_voter_from_deciding_the_choice():
+    votes = _liar_and_honest_votes()
+    assert tuning.pooled(votes, ["A", "B"])[0] == "B"  # pooled: the one loud voter decides
+    chosen, scores = tuning.pooled(votes, ["A", "B"], "trimmed")
+    assert chosen == "A" and scores == {"A": 60 / 80, "B": 56 / 80}  # its vote and the other extreme set aside
+    honest = {p: v for p, v in votes.items() if p != 5}
+    assert tuning.pooled(honest, ["A", "B"], "trimmed")[0] == tuning.pooled(honest, ["A", "B"])[0] == "A"
+    two = {p: votes[p] for p in (0, 5)}  # fewer than three voters: nothing to trim, pooled
+    assert tuning.score([v["B"] for v in two.values()], "trimmed") == tuning.score([v["B"] for v in two.values()])
+    assert np.isnan(tuning.score([{"correct": 0, "n": 0}], "trimmed"))  # nobody answered
+
+
+def test_fedavg_scores_its_rounds_by_the_same_selection_rule(task_identity):
+    from types import SimpleNamespace
+
+    from flwr.app import Message, MetricRecord
+
+    from fedsmix import messages as wire
+    from strategies.fedprox import ReportingFedProx
+
+    votes = _liar_and_honest_votes()
+    for rule, expected in (("pooled", 170 / 200), ("trimmed", 56 / 80)):
+        ctx = SimpleNamespace(settings=load_settings({"selection-score": rule}))
+        strategy = ReportingFedProx(ctx, proximal_mu=0.0)
+        ins = Message(RecordDict({}), dst_node_id=1, message_type="evaluate")
+        replies = [Message(RecordDict({wire.METRICS: MetricRecord({wire.CORRECT: v["B"]["correct"],
+                                                                   wire.COUNT: v["B"]["n"]})}), reply_to=ins)
+                   for v in votes.values()]
+        strategy.aggregate_evaluate(4, replies)
+        assert strategy.validation[4] == pytest.approx(expected), rule

@@ -193,7 +193,7 @@ def train_union(
     chosen = names[0]
     if len(names) > 1:
         scores = score(fitted.models)
-        chosen, validation = pooled(scores, names)
+        chosen, validation = pooled(scores, names, settings.selection_score)
         progress.emit("selection", chosen=chosen, voters=len(scores), scores=validation)
     return Selection(chosen, fitted.models[chosen], validation, fitted.reports.get(chosen, {}),
                      voters=len(scores), tried=names)
