@@ -16,7 +16,10 @@ same model, optimiser and epochs for every row:
                    statistic); test images go through the same |.|
   upload-once-abs  the upload with the |x| first layer
 
-Test images are clean (the paper's "not in inference" treatment). Writes benchmarks/results/instahide_protocol.json.
+Test images are clean (the paper's "not in inference" treatment). With `--in-inference T`, every model trained on
+encodings is also scored the paper's other way ("in inference"): each test image mixed with k - 1 training images
+(coefficients as in training, a fresh sign mask), T times, the logits summed. Writes
+benchmarks/results/instahide_protocol.json.
 
     ../.venv/bin/python instahide_protocol.py --dataset mnist --model cnn --train-subset 20000 --epochs 10
     ../.venv/bin/python instahide_protocol.py --dataset cifar10 --model resnet18 --train-subset 10000 --epochs 15
@@ -37,10 +40,12 @@ from torch import nn
 
 from fedsmix import data as datalib
 from fedsmix.defences import mix_batch
-from fedsmix.encoders.instahide import instahide
+from fedsmix.encoders.instahide import instahide, sign_masks
+from fedsmix.encoders.mixup import weighted_sum
+from fedsmix.encoders.singularized import sample_weights
 from fedsmix.models import Absolute, build_classifier
 from fedsmix.seeding import generator
-from fedsmix.training import TrainConfig, evaluate, train
+from fedsmix.training import TrainConfig, evaluate, predict, train
 
 VARIANTS = ("clean", "upload-once", "per-epoch", "per-epoch-abs", "upload-once-abs")
 
@@ -70,6 +75,21 @@ def recipe(kind: str, epochs: int, batch_size: int, k: int) -> TrainConfig:
                        batch_mix_k=k)
 
 
+def in_inference(model: nn.Module, x: torch.Tensor, test: tuple, k: int, cap: float, draws: int,
+                 gen: torch.Generator) -> float:
+    """InstaHide "in inference": each test image mixed with k - 1 training images of `x` (coefficients drawn as in
+    training, at most `cap`), its sign mask fresh, `draws` times; the class of the summed logits."""
+    test_x, labels = test
+    n, pool = len(test_x), torch.cat([test_x, x])
+    logits = 0
+    for _ in range(draws):
+        sources = torch.stack([torch.arange(n)] + [n + torch.randint(len(x), (n,), generator=gen)
+                                                   for _ in range(k - 1)], dim=1)
+        encoded = weighted_sum(pool, sources, sample_weights(n, cap, gen, k=k)) * sign_masks(tuple(test_x.shape), gen)
+        logits = logits + predict(model, encoded)
+    return (logits.argmax(dim=1) == labels.long()).float().mean().item()
+
+
 def run_variant(variant: str, args, x, y, test) -> dict:
     num_classes = int(y.shape[1])
     cfg = recipe(args.model, args.epochs, args.batch_size, args.k)
@@ -90,8 +110,13 @@ def run_variant(variant: str, args, x, y, test) -> dict:
 
     t0 = time.perf_counter()
     report = train(model, inputs, targets, cfg, gen, on_epoch=on_epoch, mix_batch=hook)
-    return {"variant": variant, "accuracy": curve[-1]["accuracy"], "best-accuracy": max(c["accuracy"] for c in curve),
-            "curve": curve, "seconds": round(time.perf_counter() - t0, 1), "steps": report.steps}
+    row = {"variant": variant, "accuracy": curve[-1]["accuracy"], "best-accuracy": max(c["accuracy"] for c in curve),
+           "curve": curve, "seconds": round(time.perf_counter() - t0, 1), "steps": report.steps}
+    if args.in_inference and variant != "clean":
+        row["in-inference-accuracy"] = in_inference(model, x, test, args.k, cfg.mix_cap, args.in_inference,
+                                                    generator(args.seed, "instahide-protocol", "in-inference"))
+        print(f"  {variant} in inference ({args.in_inference} encodings): {100 * row['in-inference-accuracy']:.2f}%")
+    return row
 
 
 def main() -> None:
@@ -108,6 +133,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--test-every", type=int, default=5)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--in-inference", type=int, default=0,
+                        help="also score each model on test images encoded this many times, logits summed (0: off)")
     parser.add_argument("--name", default="", help="the run's key in the results file (default dataset-model)")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -131,6 +158,8 @@ def main() -> None:
     clean = next((r["accuracy"] for r in rows if r["variant"] == "clean"), None)
     for r in rows:
         r["ratio-to-clean"] = r["accuracy"] / clean if clean else None
+        if clean and "in-inference-accuracy" in r:
+            r["in-inference-ratio-to-clean"] = r["in-inference-accuracy"] / clean
         print(f"{r['variant']:>16}: {100 * r['accuracy']:.2f}%"
               + (f" ({100 * r['ratio-to-clean']:.1f} % of clean)" if clean else "") + f", {r['seconds']} s")
 
