@@ -17,8 +17,8 @@ fedsmix/faults.py at several strengths, at tau 1 (digits) and 1e-3 (CIFAR-10 Eff
 caught it.
 
 `--liars`: a consistent liar (`relabel-target` 1, `relabel-flip`: party 3 relabels its own data, so its upload, its
-validation counts and its votes tell one lie) against `class-prior` uploads / uniform, each with the pooled and the
-trimmed `selection-score`, at tau 1 on digits and MNIST
+validation counts and its votes tell one lie) and a dishonest voter (`vote-invert`: honest but for its selection
+answers) against `class-prior` uploads / uniform, each with the pooled and the trimmed `selection-score`, at tau 1 on digits and MNIST
 (12,000 images, 10 epochs) and at tau 1e-3 / 1e-2 on the CIFAR-10 features, seeds 1-3 (partition, encoding,
 training): each cell the mean cost against the same seed's clean run with the same prior, with its 95 % interval,
 and the clean cost of the uniform prior.
@@ -91,7 +91,7 @@ LIAR_SETTINGS = {
     "mnist, tau 1": {"strategies": "mixup-union", "tau": 1.0, "dataset": "mnist", "train-subset": 12000, "epochs": 10},
 }
 LIARS = {"clean": {}, "relabel-target 1": {"fault": f"relabel-target:{BAD}", "fault-strength": 1.0},
-         "relabel-flip": {"fault": f"relabel-flip:{BAD}"}}
+         "relabel-flip": {"fault": f"relabel-flip:{BAD}"}, "vote-invert": {"fault": f"vote-invert:{BAD}"}}
 # the rules each liar meets: the class prior the trainers learn, and how the voters' counts score a candidate
 ARMS = {
     "class-prior uploads": {"class-prior": "uploads"},

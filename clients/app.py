@@ -20,7 +20,7 @@ from fedsmix import tuning
 from fedsmix.config import Settings
 from fedsmix.defences import active
 from fedsmix.device import select_device
-from fedsmix.faults import maybe_fail
+from fedsmix.faults import maybe_fail, vote
 from fedsmix.party import (
     load_partition,
     personalize,
@@ -134,7 +134,8 @@ def validate(msg: Message, context: Context) -> Message:
     scores = score_candidates(settings, states, load_partition(settings, party, num_parties, "validation"))
     metrics = {wire.PARTY: party}
     for i, name in enumerate(names):
-        metrics[f"{i}-correct"], metrics[f"{i}-n"] = scores[name]["correct"], scores[name]["n"]
+        counts = vote(settings.fault, party, scores[name])
+        metrics[f"{i}-correct"], metrics[f"{i}-n"] = counts["correct"], counts["n"]
     return _reply(msg, metrics)
 
 
@@ -147,6 +148,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     validation = load_partition(settings, party, num_parties, "validation")
     counts = score_model(settings, msg.content[wire.ARRAYS].to_torch_state_dict(), validation,
                          select_device(settings.device))
+    counts = vote(settings.fault, party, counts)
     return _reply(msg, {wire.PARTY: party, wire.CORRECT: counts["correct"], wire.COUNT: counts["n"],
                         "num-examples": counts["n"]})
 

@@ -20,6 +20,8 @@ permuted), `label-target:P` (that share of the rows of the party's commonest cla
 A consistent liar (`relabel-target:P`, `relabel-flip:P`) relabels its own data before anything else: its upload, the
 class counts of its validation split, its validation votes and its FedAvg/FedProx training all tell the same lie, so
 no check that holds a party to its own word can see it (fedsmix.party.load_partition applies `relabel`).
+A dishonest voter (`vote-invert:P`) is honest in everything but its selection answers: it reports n - correct of
+its true split for every model it scores, so it favours the candidates (and FedAvg/FedProx rounds) that do worst.
 """
 
 from __future__ import annotations
@@ -111,6 +113,14 @@ def relabel(kind: str, labels: np.ndarray, num_classes: int, strength: float, ge
     if len(holders):
         labels[holders[_rows(len(holders), strength, generator)]] = (common + 1) % num_classes
     return labels
+
+
+def vote(spec: str, party: int, counts: dict[str, int]) -> dict[str, int]:
+    """What this party answers for one scored model: its counts ({"correct", "n"}) as they are, or, as a
+    `vote-invert` party, the wrong answers counted as right."""
+    if listed(spec, party, ("vote-invert",)):
+        return {**counts, "correct": int(counts["n"]) - int(counts["correct"])}
+    return counts
 
 
 def falsify_update(

@@ -199,3 +199,35 @@ def test_fedavg_scores_its_rounds_by_the_same_selection_rule(task_identity):
                    for v in votes.values()]
         strategy.aggregate_evaluate(4, replies)
         assert strategy.validation[4] == pytest.approx(expected), rule
+
+
+def test_a_dishonest_voter_answers_the_wrong_answers_as_right_and_nothing_else(data_dir, task_identity):
+    from flwr.app import ArrayRecord, ConfigRecord, Message
+
+    from clients.app import app as client_app
+    from fedsmix import data as datalib
+    from fedsmix import faults
+    from fedsmix import messages as wire
+    from fedsmix.models import new_classifier
+    from fedsmix.space import mixing_shape
+
+    counts = {"correct": 70, "n": 100}
+    assert faults.vote("vote-invert:2", 2, counts) == {"correct": 30, "n": 100}
+    assert faults.vote("vote-invert:2", 1, counts) == counts and faults.vote("", 2, counts) == counts
+    # through the ClientApp's evaluate handler: the listed party inverts its counts of the same model, no other does
+    answers = {}
+    for fault in ("", "vote-invert:1"):
+        settings = load_settings(_overrides(data_dir, "unused", fault=fault))
+        torch.manual_seed(0)
+        model = new_classifier(settings, mixing_shape(settings), datalib.dataset_spec(settings).num_classes)
+        for party in (0, 1):
+            msg = Message(RecordDict({wire.ARRAYS: ArrayRecord(model.state_dict()),
+                                      wire.CONFIG: ConfigRecord({"settings": settings.to_json()})}),
+                          dst_node_id=7, message_type="evaluate")
+            context = Context(run_id=1, node_id=7, node_config={"partition-id": party, "num-partitions": 3},
+                              state=RecordDict(), run_config={})
+            reply = client_app(msg, context).content[wire.METRICS]
+            answers[fault, party] = (int(reply[wire.CORRECT]), int(reply[wire.COUNT]))
+    correct, n = answers["", 1]
+    assert n > 0 and answers["vote-invert:1", 1] == (n - correct, n)
+    assert answers["vote-invert:1", 0] == answers["", 0]
