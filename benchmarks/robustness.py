@@ -19,9 +19,9 @@ caught it.
 `--liars`: a consistent liar (`relabel-target` 1, `relabel-flip`: party 3 relabels its own data, so its upload, its
 validation counts and its votes tell one lie) and a dishonest voter (`vote-invert`: honest but for its selection
 answers) against `class-prior` uploads / uniform, each with the pooled and the trimmed `selection-score`, at tau 1
-on digits and MNIST (12,000 images, 10 epochs) and at tau 1e-3 / 1e-2 on the CIFAR-10 features, seeds 1-3 (partition, encoding,
-training): each cell the mean cost against the same seed's clean run with the same prior, with its 95 % interval,
-and the clean cost of the uniform prior.
+on digits and MNIST (12,000 images, 10 epochs) and at tau 1e-3 / 1e-2 on the CIFAR-10 features, seeds 1-3
+(partition, encoding, training): each cell the mean cost against the same seed's clean run of the same arm, with its
+95 % interval, and each arm's clean change from the default one.
 """
 
 from __future__ import annotations
