@@ -134,7 +134,7 @@ def validate(msg: Message, context: Context) -> Message:
     scores = score_candidates(settings, states, load_partition(settings, party, num_parties, "validation"))
     metrics = {wire.PARTY: party}
     for i, name in enumerate(names):
-        counts = vote(settings.fault, party, scores[name])
+        counts = vote(settings.fault, party, scores[name], settings.fault_scale)
         metrics[f"{i}-correct"], metrics[f"{i}-n"] = counts["correct"], counts["n"]
     return _reply(msg, metrics)
 
@@ -148,7 +148,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     validation = load_partition(settings, party, num_parties, "validation")
     counts = score_model(settings, msg.content[wire.ARRAYS].to_torch_state_dict(), validation,
                          select_device(settings.device))
-    counts = vote(settings.fault, party, counts)
+    counts = vote(settings.fault, party, counts, settings.fault_scale)
     return _reply(msg, {wire.PARTY: party, wire.CORRECT: counts["correct"], wire.COUNT: counts["n"],
                         "num-examples": counts["n"]})
 

@@ -44,7 +44,7 @@ FAULT_CORRUPTIONS = (
 # relabel-target (that share of its commonest class's rows as the next class), relabel-flip (classes permuted)
 FAULT_DISHONEST = ("scale", "garbage", "label-flip", "replay", "sign-flip",
                    "scale-report", "shift", "partial-garbage", "label-noise", "label-target",
-                   "relabel-target", "relabel-flip", "vote-invert")
+                   "relabel-target", "relabel-flip", "vote-invert", "vote-inflate")
 FAULT_RELABELS = ("relabel-target", "relabel-flip")  # in the party's data, not in one message
 FAULT_SHARES = ("partial-garbage", "label-noise", "label-target", "relabel-target")  # a share of the rows
 FEATURE_SHIFTS = ("brightness", "contrast", "blur", "colour", "rotation")  # feature-skew (fedsmix/acquisition.py)

@@ -21,7 +21,8 @@ A consistent liar (`relabel-target:P`, `relabel-flip:P`) relabels its own data b
 class counts of its validation split, its validation votes and its FedAvg/FedProx training all tell the same lie, so
 no check that holds a party to its own word can see it (fedsmix.party.load_partition applies `relabel`).
 A dishonest voter (`vote-invert:P`) is honest in everything but its selection answers: it reports n - correct of
-its true split for every model it scores, so it favours the candidates (and FedAvg/FedProx rounds) that do worst.
+its true split for every model it scores, so it favours the candidates (and FedAvg/FedProx rounds) that do worst;
+`vote-inflate:P` answers its counts times `fault-scale`, as if its split were that much larger (a loud voter).
 """
 
 from __future__ import annotations
@@ -115,11 +116,14 @@ def relabel(kind: str, labels: np.ndarray, num_classes: int, strength: float, ge
     return labels
 
 
-def vote(spec: str, party: int, counts: dict[str, int]) -> dict[str, int]:
-    """What this party answers for one scored model: its counts ({"correct", "n"}) as they are, or, as a
-    `vote-invert` party, the wrong answers counted as right."""
-    if listed(spec, party, ("vote-invert",)):
+def vote(spec: str, party: int, counts: dict[str, int], scale: float = 1.0) -> dict[str, int]:
+    """What this party answers for one scored model: its counts ({"correct", "n"}) as they are; as a
+    `vote-invert` party, the wrong answers counted as right; as a `vote-inflate` party, both times `scale`."""
+    kind = listed(spec, party, ("vote-invert", "vote-inflate"))
+    if kind == "vote-invert":
         return {**counts, "correct": int(counts["n"]) - int(counts["correct"])}
+    if kind == "vote-inflate":
+        return {**counts, "correct": round(scale * int(counts["correct"])), "n": round(scale * int(counts["n"]))}
     return counts
 
 

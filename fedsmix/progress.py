@@ -78,6 +78,8 @@ def describe(event: dict[str, Any]) -> str:
         )
     elif kind == "upload-rejected":
         text = f"upload from party {g('party')} rejected ({g('field')}): {g('reason')}"
+    elif kind == "vote-refused":
+        text = f"votes of party {g('party')} not counted ({g('field')}): {g('reason')}"
     elif kind == "dropped":
         text = f"party {g('party')} (node {g('node')}) dropped: {g('reason')}"
     elif kind == "epoch":

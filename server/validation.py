@@ -107,3 +107,20 @@ def validate_upload(content: RecordDict, who: str, expect: Expectation, seen_par
             who, "upload.y", f"label rows must sum to 1 (worst row sums to {sums[np.abs(sums - 1).argmax()]:.4f})"
         )
     return ValidUpload(party, x, y, {k: metrics[k] for k in metrics}, nbytes)
+
+
+def vote_problem(votes: dict[str, tuple], sizes: set[int] | None) -> tuple[str, str] | None:
+    """Why a party's validation answers cannot be counted, as (field, reason), or None. `votes`: scored model ->
+    (correct, n). Each answer is there, both counts whole numbers with 0 <= correct <= n, and n one of the `sizes`
+    the party's validation split can have (from what it reported of itself; None: unknown), for a party that
+    claimed a larger split would outvote the others."""
+    for name, (correct, n) in votes.items():
+        if correct is None or n is None:
+            return name, "no answer"
+        if not float(correct).is_integer() or not float(n).is_integer():
+            return f"{name}.{'n' if float(correct).is_integer() else 'correct'}", "not a whole number"
+        if not 0 <= correct <= n:
+            return f"{name}.correct", f"{correct:g} correct of {n:g}"
+        if sizes is not None and n not in sizes:
+            return f"{name}.n", f"scored on {n:g} rows; its validation split has {' or '.join(map(str, sorted(sizes)))}"
+    return None

@@ -38,6 +38,8 @@ from fedsmix.registry import Registry
 from fedsmix.space import mixing_shape
 from fedsmix.trainers import sample_parties, test_accuracy
 from server.context import RunAborted, RunContext
+from server.plausibility import validation_rows
+from server.validation import vote_problem
 from strategies import dp_fedavg
 from strategies.common import bytes_summary, split_replies, weights_record
 
@@ -60,6 +62,9 @@ class ReportingFedProx(FedProx):
         self.train_loss: dict[int, float] = {}  # round -> the aggregated parties' mean local training loss
         self.voters: list[int] = []  # tuned runs: the parties that score each round's model on their validation
         self.validation: dict[int, float] = {}  # round -> pooled validation accuracy of its global model
+        self.vote_splits: dict[int, set[int]] = {}  # party -> the validation split size of its first answer
+        self.train_rows: dict[int, int] = {}  # party -> the training rows its updates report (num-examples)
+        self.refused_votes: list[dict] = []  # answers not counted, with the party and the reason
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
         available = len(list(grid.get_node_ids()))
@@ -88,10 +93,26 @@ class ReportingFedProx(FedProx):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The parties' counts scored by the one selection rule (`tuning.score`: pooled correct / n, or
-        trimmed); a party that refuses or fails does not vote."""
-        counts = [r.content[wire.METRICS] for r in replies if not r.has_error()]
-        score = tuning.score([{"correct": m[wire.CORRECT], "n": m[wire.COUNT]} for m in counts],
-                             self.ctx.settings.selection_score)
+        trimmed); a party that refuses or fails does not vote, nor one whose counts are not whole, exceed n, or
+        are of another split than the one its training rows imply (`validation_rows` of its reported num-examples;
+        a party that has not trained yet: its first answer's), listed in `refused_votes`."""
+        counts = []
+        for reply in replies:
+            if reply.has_error():
+                continue
+            m, node = reply.content[wire.METRICS], reply.metadata.src_node_id
+            party = self.ctx.node_party.get(node, int(m.get(wire.PARTY, -1)))
+            vote = (m.get(wire.CORRECT), m.get(wire.COUNT))
+            sizes = (validation_rows(self.train_rows[party], self.ctx.settings.validation_fraction)
+                     if party in self.train_rows else self.vote_splits.get(party))
+            if (problem := vote_problem({"model": vote}, sizes)) is not None:
+                self.refused_votes.append({"round": server_round, "party": party, "field": problem[0],
+                                           "reason": problem[1]})
+                self.ctx.progress.emit("vote-refused", **self.refused_votes[-1])
+                continue
+            self.vote_splits.setdefault(party, {int(vote[1])})  # held to the split of its first answer
+            counts.append({"correct": int(vote[0]), "n": int(vote[1])})
+        score = tuning.score(counts, self.ctx.settings.selection_score)
         if math.isnan(score):
             return None
         self.validation[server_round] = score
@@ -105,6 +126,7 @@ class ReportingFedProx(FedProx):
         self.dropped.extend({**record, "round": server_round} for record in dropped)
         for reply in ok:
             self.parties_used.add(int(reply.content["metrics"]["party"]))
+            self.train_rows[int(reply.content["metrics"]["party"])] = int(reply.content["metrics"]["num-examples"])
         # replies arrive in whatever order the parties finish; summing in party order makes the
         # aggregate (floating-point addition is not associative) the same in every run
         ok.sort(key=lambda reply: int(reply.content["metrics"]["party"]))
@@ -261,6 +283,7 @@ def federate(ctx: RunContext, mu: float, rounds: int, label: str = "", settings:
         "parties-used": len(strategy.parties_used),
         "dropped": strategy.dropped,
         "rejected": [],
+        "refused-votes": strategy.refused_votes,
         "wall-seconds": time.perf_counter() - t0,
         "train-metrics": train_metrics,
         "local-train-seconds": sum(float(m.get("train-seconds", 0.0)) for m in train_metrics.values()),

@@ -42,7 +42,7 @@ from fedsmix.training import CheckpointMismatch
 from server.context import RunContext
 from server.plausibility import Evidence, examine, quarantine
 from server.store import UploadStore
-from server.validation import Expectation, UploadRejected, validate_upload
+from server.validation import Expectation, UploadRejected, validate_upload, vote_problem
 from strategies.common import (
     bytes_summary,
     dropped_record,
@@ -213,10 +213,14 @@ def run(ctx: RunContext) -> dict:
         test = (represent(encoder, test[0], ctx.device), test[1])
 
     voters = sample_parties(used, s.vote_parties, s.seed, "vote")
+    # each voter is held to the validation split its upload reported (the label-mix check's counts)
+    splits = {p: {int(sum(parties[p]["validation-counts"]))} for p in used if "validation-counts" in parties[p]}
+    refused_votes: list[dict] = []
 
     def train() -> Selection:
         return train_union(
-            s, union, shape, num_classes, ctx.device, score=lambda models: score_round(ctx, models, voters),
+            s, union, shape, num_classes, ctx.device,
+            score=lambda models: score_round(ctx, models, voters, splits, refused_votes),
             public=public, checkpoint_path=checkpoint, checkpoint_key=store.union_key(used),
             on_epoch=epoch_hook(ctx, t0, curve, then=interrupt_after(s.fault), test=test), progress=ctx.progress,
         )
@@ -255,6 +259,7 @@ def run(ctx: RunContext) -> dict:
         "dropped": dropped,
         "rejected": rejected,
         "quarantined": quarantined,
+        "refused-votes": refused_votes,
         "discarded-uploads": discarded,
         "upload-seconds": t_upload,
         "train-seconds": report.get("seconds"),
@@ -280,8 +285,11 @@ def _party_nodes(ctx: RunContext, parties) -> dict[int, int]:
     return {party: nodes[party] for party in parties if party in nodes}
 
 
-def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], voters: list[int]) -> dict:
-    """query "validate": each voting party scores the candidates on its own validation split."""
+def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], voters: list[int],
+                splits: dict[int, set[int]] | None = None, refused: list[dict] | None = None) -> dict:
+    """query "validate": each voting party scores the candidates on its own validation split. A party whose
+    counts are not whole, exceed n, or are of another size than `splits` (party -> the split its upload
+    reported) does not vote; it is named in `refused`."""
     names = list(models)
     states = {wire.candidate(i): ArrayRecord(models[name].cpu().state_dict()) for i, name in enumerate(names)}
     config = settings_config(ctx, **{wire.CANDIDATES: ",".join(names)})
@@ -294,9 +302,15 @@ def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], voters: lis
         if reply.has_error():
             continue  # a party that does not answer (or refuses: past its query budget) does not vote
         m = reply.content[wire.METRICS]
-        scores[int(m[wire.PARTY])] = {
-            name: {"correct": int(m[f"{i}-correct"]), "n": int(m[f"{i}-n"])} for i, name in enumerate(names)
-        }
+        party = ctx.node_party.get(reply.metadata.src_node_id, int(m[wire.PARTY]))  # the node's, not its claim
+        votes = {name: (m.get(f"{i}-correct"), m.get(f"{i}-n")) for i, name in enumerate(names)}
+        if (problem := vote_problem(votes, (splits or {}).get(party))) is not None:
+            record = {"party": party, "field": problem[0], "reason": problem[1]}
+            ctx.progress.emit("vote-refused", **record)
+            if refused is not None:
+                refused.append(record)
+            continue
+        scores[party] = {name: {"correct": int(c), "n": int(n)} for name, (c, n) in votes.items()}
     return scores
 
 

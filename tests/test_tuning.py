@@ -189,16 +189,57 @@ def test_fedavg_scores_its_rounds_by_the_same_selection_rule(task_identity):
     from fedsmix import messages as wire
     from strategies.fedprox import ReportingFedProx
 
+    from fedsmix.progress import SILENT
+
     votes = _liar_and_honest_votes()
-    for rule, expected in (("pooled", 170 / 200), ("trimmed", 56 / 80)):
-        ctx = SimpleNamespace(settings=load_settings({"selection-score": rule}))
-        strategy = ReportingFedProx(ctx, proximal_mu=0.0)
+
+    def replies(answers: dict[int, tuple[int, int]]) -> list[Message]:
         ins = Message(RecordDict({}), dst_node_id=1, message_type="evaluate")
-        replies = [Message(RecordDict({wire.METRICS: MetricRecord({wire.CORRECT: v["B"]["correct"],
-                                                                   wire.COUNT: v["B"]["n"]})}), reply_to=ins)
-                   for v in votes.values()]
-        strategy.aggregate_evaluate(4, replies)
+        return [Message(RecordDict({wire.METRICS: MetricRecord({wire.PARTY: party, wire.CORRECT: correct,
+                                                                wire.COUNT: n})}), reply_to=ins)
+                for party, (correct, n) in answers.items()]
+
+    for rule, expected in (("pooled", 170 / 200), ("trimmed", 56 / 80)):
+        ctx = SimpleNamespace(settings=load_settings({"selection-score": rule}), node_party={}, progress=SILENT)
+        strategy = ReportingFedProx(ctx, proximal_mu=0.0)
+        strategy.aggregate_evaluate(4, replies({p: (v["B"]["correct"], v["B"]["n"]) for p, v in votes.items()}))
         assert strategy.validation[4] == pytest.approx(expected), rule
+        assert not strategy.refused_votes
+    # a voter is held to its split: the next round, party 5 claims ten times its rows and is not counted
+    strategy.aggregate_evaluate(5, replies({0: (15, 20), 1: (14, 20), 5: (1000, 1000)}))
+    assert strategy.validation[5] == pytest.approx(29 / 40)
+    assert [(r["party"], r["field"]) for r in strategy.refused_votes] == [(5, "model.n")]
+    # and to the split its training rows imply (180 rows to train on at validation-fraction 0.1)
+    from server.plausibility import validation_rows
+
+    strategy.train_rows[1] = 180
+    sizes = validation_rows(180, 0.1)
+    strategy.aggregate_evaluate(6, replies({1: (30, 2 * max(sizes))}))
+    assert 6 not in strategy.validation and strategy.refused_votes[-1]["field"] == "model.n"
+    strategy.aggregate_evaluate(7, replies({1: (3, min(sizes))}))
+    assert strategy.validation[7] == 3 / min(sizes)
+
+
+def test_a_vote_that_cannot_be_counted_is_named():
+    from server.validation import vote_problem
+
+    assert vote_problem({"a": (3, 10), "b": (10, 10)}, {10}) is None
+    assert vote_problem({"a": (3, 10)}, None) is None  # no size known: counts checked alone
+    assert vote_problem({"a": (3, 10), "b": (None, 10)}, {10}) == ("b", "no answer")
+    assert vote_problem({"a": (3.5, 10)}, {10}) == ("a.correct", "not a whole number")
+    assert vote_problem({"a": (11, 10)}, {10}) == ("a.correct", "11 correct of 10")
+    assert vote_problem({"a": (-1, 10)}, None) == ("a.correct", "-1 correct of 10")
+    assert vote_problem({"a": (30, 100)}, {10, 11}) == ("a.n", "scored on 100 rows; its validation split has 10 or 11")
+
+
+def test_a_loud_voter_is_not_counted_through_the_real_apps(data_dir, runs_dir, one_thread):
+    loud = inprocess.run(_overrides(data_dir, runs_dir, strategies="mixup-union,fedavg", fault="vote-inflate:1",
+                                    **{"fault-scale": 10.0, "tuning-budget": 2, "trainer": "ridge"}), 3)
+    union, fedavg = loud["strategies"]["mixup-union"], loud["strategies"]["fedavg"]
+    assert [(r["party"], r["field"].split(".")[-1]) for r in union["refused-votes"]] == [(1, "n")]
+    assert union["selection"]["voters"] == 2  # the other two parties chose
+    assert {r["party"] for r in fedavg["refused-votes"]} == {1} and all(r["field"] == "model.n"
+                                                                       for r in fedavg["refused-votes"])
 
 
 def test_a_dishonest_voter_answers_the_wrong_answers_as_right_and_nothing_else(data_dir, task_identity):
