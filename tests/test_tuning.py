@@ -187,9 +187,8 @@ def test_fedavg_scores_its_rounds_by_the_same_selection_rule(task_identity):
     from flwr.app import Message, MetricRecord
 
     from fedsmix import messages as wire
-    from strategies.fedprox import ReportingFedProx
-
     from fedsmix.progress import SILENT
+    from strategies.fedprox import ReportingFedProx
 
     votes = _liar_and_honest_votes()
 
