@@ -286,7 +286,7 @@ def _party_nodes(ctx: RunContext, parties) -> dict[int, int]:
 
 
 def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], voters: list[int],
-                splits: dict[int, set[int]] | None = None, refused: list[dict] | None = None) -> dict:
+                splits: dict[int, set[int]], refused: list[dict]) -> dict:
     """query "validate": each voting party scores the candidates on its own validation split. A party whose
     counts are not whole, exceed n, or are of another size than `splits` (party -> the split its upload
     reported) does not vote; it is named in `refused`."""
@@ -304,11 +304,9 @@ def score_round(ctx: RunContext, models: dict[str, torch.nn.Module], voters: lis
         m = reply.content[wire.METRICS]
         party = ctx.node_party.get(reply.metadata.src_node_id, int(m[wire.PARTY]))  # the node's, not its claim
         votes = {name: (m.get(f"{i}-correct"), m.get(f"{i}-n")) for i, name in enumerate(names)}
-        if (problem := vote_problem(votes, (splits or {}).get(party))) is not None:
-            record = {"party": party, "field": problem[0], "reason": problem[1]}
-            ctx.progress.emit("vote-refused", **record)
-            if refused is not None:
-                refused.append(record)
+        if (problem := vote_problem(votes, splits.get(party))) is not None:
+            refused.append({"party": party, "field": problem[0], "reason": problem[1]})
+            ctx.progress.emit("vote-refused", **refused[-1])
             continue
         scores[party] = {name: {"correct": int(c), "n": int(n)} for name, (c, n) in votes.items()}
     return scores
