@@ -28,11 +28,16 @@ run: $(STAMP)
 
 # Much of the suite waits (image builds, SuperNode heartbeats, per-message ClientApp processes, reply
 # timeouts), so it runs in TEST_WORKERS pytest-xdist workers, one test file per worker at a time
-# (module fixtures are built once); tests/conftest.py starts the two longest files first.
+# (module fixtures are built once); tests/conftest.py starts the two longest files first. The compose demos
+# (marker `containers`) run after the rest, alone: their parties answer within a deployment's reply timeouts only
+# when the cores are theirs. Their images are built in the first part (tests/test_containers.py's image test).
+# Both parts always run; the target fails when either fails.
 TEST_WORKERS ?= 3
 test: system $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not containers" $(PYTEST_ARGS); \
+	rest=$$?; $(PY) -m pytest -m containers $(PYTEST_ARGS) tests/test_containers.py; demos=$$?; \
+	test $$rest -eq 0 && test $$demos -eq 0
 
 # the fast tier is CPU-bound: one worker per core
 FAST_WORKERS ?= 2

@@ -122,6 +122,19 @@ def stacks(podman, images, tmp_path_factory) -> dict[str, Future]:
         }
 
 
+@pytest.mark.slow
+@pytest.mark.sim
+@pytest.mark.timeout(2400)
+def test_the_images_build_offline_on_the_debian_base(images):
+    """The cold build (a debootstrapped base, the wheels, the stand-ins and the SuperExec image): `make test` runs
+    it with the rest of the suite, so that the demos below, run after it and alone, find their images built."""
+    assert set(images["image-bytes"]) == {containers.BASE_IMAGE, containers.SUPEREXEC_IMAGE,
+                                          *(f"{containers.STANDIN}/{t}:{containers.FLWR_VERSION}"
+                                            for t in containers.STANDIN_TARGETS)}
+    assert all(size > 0 for size in images["image-bytes"].values())
+    assert images["wheels-bytes"] > 0
+
+
 def _demo(stacks: dict[str, Future], name: str) -> dict:
     summary = stacks[name].result()
     _print(f"{name} stack", {k: v for k, v in summary.items() if k != "results"})
@@ -137,6 +150,7 @@ def _demo(stacks: dict[str, Future], name: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.sim
+@pytest.mark.containers
 @pytest.mark.timeout(2400)
 def test_plain_stack_runs_the_demo_and_survives_a_killed_supernode(stacks):
     summary = _demo(stacks, "plain")
@@ -153,6 +167,7 @@ def test_plain_stack_runs_the_demo_and_survives_a_killed_supernode(stacks):
 
 @pytest.mark.slow
 @pytest.mark.sim
+@pytest.mark.containers
 @pytest.mark.timeout(2400)
 def test_tls_stack_runs_the_demo_and_refuses_an_unregistered_supernode(stacks):
     summary = _demo(stacks, "tls")
@@ -164,6 +179,7 @@ def test_tls_stack_runs_the_demo_and_refuses_an_unregistered_supernode(stacks):
 
 @pytest.mark.slow
 @pytest.mark.sim
+@pytest.mark.containers
 @pytest.mark.timeout(2400)
 def test_a_stack_that_fails_to_come_up_leaves_nothing_behind(podman, images, tmp_path):
     stack = Stack(podman, images["torch"], workdir=tmp_path, up_timeout=3)
