@@ -82,9 +82,10 @@ def podman(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.fail("the container test needs root (rootful Podman); CI runs as root")
     ensure_tools()
-    # This file is the suite's critical path (a cold image build, then the stacks) while the other workers share
-    # the same two cores: it and everything it starts (the Podman service, builds, containers) run at a higher
-    # priority (root may lower the nice value), and the worker returns to normal afterwards.
+    # This file is the suite's critical path: its cold image build runs while the other workers share the same two
+    # cores (the stacks run afterwards, alone: marker `containers`). It and everything it starts (the Podman
+    # service, builds, containers) run at a higher priority (root may lower the nice value), and the worker returns
+    # to normal afterwards.
     os.nice(-PRIORITY)
     try:
         with Podman(tmp_path_factory.mktemp("podman")) as service:
