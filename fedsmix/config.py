@@ -23,6 +23,10 @@ DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "tiny-ima
 ENCODERS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none", "mixcon")
 INSTAHIDE = ("instahide-inside", "instahide-cross")  # the sign-masked encoders
 BACKBONES = ("none", "resnet18", "resnet50", "efficientnet-lite0", "efficientnet-lite1", "efficientnet-lite2")
+# public-pca: the public pool's top principal directions; public-lda: its top discriminant directions of Tiny-ImageNet's
+# 200 classes; public-lda-cifar10: of its CIFAR-10-matched classes, grouped by the CIFAR-10 class they match (at most 7)
+PROJECTIONS = ("none", "public-pca", "public-lda", "public-lda-cifar10")
+PROJECTION_MAX_DIMS = {"public-lda": 199, "public-lda-cifar10": 7}
 # fault injection (fedsmix/faults.py): a party raises or stalls, the server's central training is
 # interrupted after an epoch, a party sends one kind of malformed upload (the server's validation
 # rejects it), or a well-formed but dishonest one (what plausibility checks, robust training
@@ -128,6 +132,11 @@ class Settings(BaseModel):
     weights_path: str = ""
     image_size: int = Field(0, ge=0, description="0 = the backbone's default input size")
     feature_cache_dir: str = ""
+    # a fixed linear map of the features, fitted on the public set only, that every party applies before it calibrates
+    # and encodes (fedsmix/features.py `projection_basis`): the mixing space becomes its k-dimensional image
+    projection: Literal[PROJECTIONS] = Field(  # type: ignore[valid-type]
+        "none", description="features: none, or k public directions (principal, or discriminant of public classes)")
+    projection_dims: int = Field(0, ge=0, description="k, the projected features' dimension (projection only)")
     # encoder
     encoder: Literal[ENCODERS] = "singularized"  # type: ignore[valid-type]
     tau: float = Field(1e-6, gt=0)
@@ -368,6 +377,22 @@ class Settings(BaseModel):
             raise ValueError("dataset-mean and dataset-std: give both, one value per channel")
         if any(v <= 0 for v in self.dataset_std):
             raise ValueError(f"dataset-std: every value must be > 0, got {self.dataset_std}")
+        return self
+
+    @model_validator(mode="after")
+    def _projection_of_features(self) -> Settings:
+        if self.projection == "none":
+            if self.projection_dims:
+                raise ValueError("projection-dims: set only with a projection (projection is 'none')")
+            return self
+        if self.backbone == "none":
+            raise ValueError(f"projection: {self.projection!r} maps backbone features; set a backbone (it is 'none')")
+        if self.encoder == "mixcon":
+            raise ValueError("projection: encoder 'mixcon' learns its own representation; use projection 'none'")
+        most = PROJECTION_MAX_DIMS.get(self.projection)
+        if not self.projection_dims or (most and self.projection_dims > most):
+            raise ValueError(f"projection-dims: give k >= 1 for projection {self.projection!r}"
+                             + (f" (at most {most}: its classes less one)" if most else f", got {self.projection_dims}"))
         return self
 
     @model_validator(mode="after")

@@ -7,6 +7,11 @@ once, into `<cache>/<dataset>-<split>-<backbone>-<size>px-<weights sha>.npy`, be
 an atomic rename; every party then memory-maps that file and copies out only its own rows, so thirty
 simulated parties share one page cache instead of thirty extractions.
 
+`projection` maps the features to k directions fixed from the public set alone (its principal directions, or the
+discriminant directions of its labels), the same for every party and the server: the mixing space becomes their
+k-dimensional image, so the encoder's guarantee (Theorem 4.1 and the calibration of Theorem 4.2) is stated for the
+projected vector, the thing uploaded, and says nothing more of the full feature vector it came from.
+
 `pixel_mapped_radius` is the radius mode of the paper's code: pixel noise of Theorem 4.2's norm, pushed
 through clamping and the backbone, measured as a feature displacement.
 """
@@ -14,6 +19,7 @@ through clamping and the backbone, measured as a feature displacement.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -71,7 +77,8 @@ def backbone_spec(settings: Settings) -> Backbone:
 
 
 def feature_dim(settings: Settings) -> int:
-    return backbone_spec(settings).dim
+    """The width of a feature vector where the mixing happens: the backbone's, or `projection-dims`."""
+    return settings.projection_dims if settings.projection != "none" else backbone_spec(settings).dim
 
 
 def input_size(settings: Settings) -> int:
@@ -79,10 +86,95 @@ def input_size(settings: Settings) -> int:
 
 
 def feature_range(settings: Settings) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(lo, hi) that every feature of this backbone respects: the valid box an attacker clamps to."""
+    """(lo, hi) that every feature of this backbone respects: the valid box an attacker clamps to. Under a projection,
+    per coordinate: the least and most each projected coordinate takes over the backbone's box (-inf / inf where
+    the box is open on the side a direction's signs reach)."""
     lo, hi = backbone_spec(settings).bounds
     as_tensor = (lambda v: None if v is None else torch.tensor(v, dtype=torch.float32))
-    return as_tensor(lo), as_tensor(hi)
+    basis = projection_basis(settings)
+    if basis is None:
+        return as_tensor(lo), as_tensor(hi)
+    b = basis.double()
+    top = math.inf if hi is None else float(hi)
+    at_lo, at_hi = (torch.nan_to_num(b * v, nan=0.0, posinf=math.inf, neginf=-math.inf)  # 0 x inf adds nothing
+                    for v in (float(lo), top))
+    return torch.minimum(at_lo, at_hi).sum(0).float(), torch.maximum(at_lo, at_hi).sum(0).float()
+
+
+# ------------------------------------------------------------------------------------- projection
+def _public_labels(settings: Settings) -> np.ndarray:
+    """The public split's class per row, as the projection groups them (-1: a row the projection leaves out)."""
+    raw = datalib.load_split(PUBLIC_DATASET, "train", settings.data_dir, settings.download)
+    labels = raw.labels.astype(np.int64)
+    if settings.projection != "public-lda-cifar10":
+        return labels
+    wnids = datalib.class_ids(PUBLIC_DATASET, settings.data_dir)
+    group = {w: c for c, ids in enumerate(datalib.CIFAR10_MATCHED_WNIDS.values()) for w in ids}
+    missing = set(group) - set(wnids)
+    if missing:
+        raise datalib.DatasetUnavailable(f"projection 'public-lda-cifar10': Tiny-ImageNet lacks {sorted(missing)}")
+    return np.array([group.get(w, -1) for w in wnids[labels]], dtype=np.int64)
+
+
+def fit_projection(x: np.ndarray, labels: np.ndarray | None, dims: int, shrinkage: float = 0.1) -> np.ndarray:
+    """An orthonormal (d, k) basis: the top-k principal directions of `x` (labels None), or the span of its top-k
+    discriminant directions (the generalised eigenvectors of the between- against the within-class covariance, the
+    latter shrunk towards its mean variance by `shrinkage`), orthonormalised. float64 numpy throughout and every
+    direction's sign fixed (its largest entry positive), so every party computes the same basis from the same data."""
+    x = np.asarray(x, dtype=np.float64)
+    mean = x.mean(0)
+    if labels is None:
+        centred = x - mean
+        _, _, vt = np.linalg.svd(centred, full_matrices=False)
+        basis = vt[:dims].T
+    else:
+        keep = labels >= 0
+        x, labels = x[keep], labels[keep]
+        classes = np.unique(labels)
+        means = np.stack([x[labels == c].mean(0) for c in classes])
+        weights = np.array([(labels == c).sum() for c in classes], dtype=np.float64)
+        within_rows = x - means[np.searchsorted(classes, labels)]
+        within = within_rows.T @ within_rows / max(len(x) - len(classes), 1)
+        within = (1 - shrinkage) * within + shrinkage * np.trace(within) / len(within) * np.eye(len(within))
+        spread = (means - mean) * np.sqrt(weights / weights.sum())[:, None]
+        between = spread.T @ spread
+        # W^-1/2 B W^-1/2 = U diag U^T; the discriminant directions are W^-1/2 U
+        values, vectors = np.linalg.eigh(within)
+        inv_sqrt = vectors @ np.diag(values ** -0.5) @ vectors.T
+        evals, evecs = np.linalg.eigh(inv_sqrt @ between @ inv_sqrt)
+        directions = inv_sqrt @ evecs[:, np.argsort(evals)[::-1][:dims]]
+        basis, _ = np.linalg.qr(directions)
+    signs = np.sign(basis[np.abs(basis).argmax(0), np.arange(basis.shape[1])])
+    return np.ascontiguousarray(basis * signs)
+
+
+@lru_cache(maxsize=4)
+def _basis(settings_json: str) -> torch.Tensor:
+    settings = Settings.from_json(settings_json)
+    dim = backbone_spec(settings).dim
+    if settings.projection_dims > dim:
+        raise ValueError(f"projection-dims: {settings.projection_dims} exceeds the {dim} features of {settings.backbone}")
+    x = _backbone_public(settings, 0).numpy()
+    labels = None if settings.projection == "public-pca" else _public_labels(settings)
+    basis = fit_projection(x, labels, settings.projection_dims)
+    return torch.from_numpy(basis).float()
+
+
+def projection_basis(settings: Settings) -> torch.Tensor | None:
+    """The run's (backbone dim, k) projection basis, fitted once per process from the public set; None: none."""
+    if settings.projection == "none":
+        return None
+    keyed = Settings().replace(backbone=settings.backbone, image_size=settings.image_size,
+                               weights_path=settings.weights_path, data_dir=settings.data_dir,
+                               download=settings.download, feature_cache_dir=settings.feature_cache_dir,
+                               projection=settings.projection, projection_dims=settings.projection_dims)
+    return _basis(keyed.to_json())
+
+
+def project(settings: Settings, features: torch.Tensor) -> torch.Tensor:
+    """Backbone features -> the mixing space (the projection's coordinates; unchanged without one)."""
+    basis = projection_basis(settings)
+    return features if basis is None else features.float() @ basis.to(features.device)
 
 
 # ---------------------------------------------------------------------------------------- weights
@@ -227,10 +319,12 @@ class PixelBackbone(nn.Module):
         self.extractor = FeatureExtractor(settings, device)
         self.net = self.extractor.net  # registered, so .to() and deepcopy carry it
         self.spec = spec
+        self.register_buffer("basis", projection_basis(settings), persistent=False)  # None: no projection
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         unit = datalib.denormalize(x.float(), self.spec)
-        return self.net(self.extractor.preprocess(unit).contiguous(memory_format=torch.channels_last)).float()
+        f = self.net(self.extractor.preprocess(unit).contiguous(memory_format=torch.channels_last)).float()
+        return f if self.basis is None else f @ self.basis
 
 
 @lru_cache(maxsize=4)
@@ -308,7 +402,8 @@ def ensure_features(settings: Settings, split: str, progress: bool = True) -> Pa
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
         t0 = time.perf_counter()
         try:
-            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(raw), feature_dim(settings)))
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32,
+                                            shape=(len(raw), backbone_spec(settings).dim))
             extract_split(settings, split, out, progress)
             out.flush()
             del out
@@ -319,7 +414,7 @@ def ensure_features(settings: Settings, split: str, progress: bool = True) -> Pa
                 "split": split,
                 "rows": len(raw),
                 "backbone": settings.backbone,
-                "dim": feature_dim(settings),
+                "dim": backbone_spec(settings).dim,
                 "input-size": input_size(settings),
                 "weights": str(weights_file(settings)),
                 "weights-sha256": weights_digest(weights_file(settings)),
@@ -346,16 +441,17 @@ def cached_features(settings: Settings, split: str) -> np.ndarray:
     path = ensure_features(settings, split)
     array = _mapped(str(path), path.stat().st_mtime_ns)
     rows = len(datalib.load_dataset(settings, split))
-    if array.shape != (rows, feature_dim(settings)):
+    if array.shape != (rows, backbone_spec(settings).dim):
         raise ValueError(
             f"feature cache {path}: shape {array.shape} does not match {settings.dataset}/{split} "
-            f"({rows} rows, {feature_dim(settings)}-d); delete the file to extract again"
+            f"({rows} rows, {backbone_spec(settings).dim}-d); delete the file to extract again"
         )
     return array
 
 
 def features_for(settings: Settings, split: str, rows: np.ndarray | None) -> torch.Tensor:
-    """Features of the given rows of a split (None: all rows), as a float32 tensor the caller owns."""
+    """Backbone features of the given rows of a split (None: all rows), as a float32 tensor the caller owns (the
+    projection, if any, is the caller's: fedsmix.space.to_space)."""
     array = cached_features(settings, split)
     picked = np.array(array) if rows is None else array[np.asarray(rows, dtype=np.int64)]
     return torch.from_numpy(np.ascontiguousarray(picked, dtype=np.float32))
@@ -367,7 +463,13 @@ PUBLIC_DATASET = "tiny-imagenet"  # the attacker's public images: disjoint from 
 
 def public_features(settings: Settings, size: int = 0) -> torch.Tensor:
     """The attacker's public images (Tiny-ImageNet's training split, 8,000 images) through the parties'
-    backbone, input size and weights: public data in the space where the mixing happens.
+    backbone, input size, weights and projection: public data in the space where the mixing happens.
+    `size` as `_backbone_public`'s."""
+    return project(settings, _backbone_public(settings, size))
+
+
+def _backbone_public(settings: Settings, size: int) -> torch.Tensor:
+    """The public images' backbone features (no projection).
 
     The whole split is cached like any other, under `tiny-imagenet-train-<backbone>-<size>px-<sha>`.
     `size` > 0 keeps its first rows (the split is already shuffled); without the full cache those
@@ -412,5 +514,5 @@ def pixel_mapped_radius(
     lo, hi = datalib.valid_range(spec)
     noisy = torch.maximum(torch.minimum(x + noise, hi), lo)
     f_clean = partition.x[pick].double()
-    f_noisy = extractor_for(settings)(datalib.denormalize(noisy, spec).clamp(0, 1)).double()
+    f_noisy = project(settings, extractor_for(settings)(datalib.denormalize(noisy, spec).clamp(0, 1))).double()
     return float((f_clean - f_noisy).norm(dim=1).mean())

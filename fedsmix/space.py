@@ -22,16 +22,16 @@ def pixel_spec(settings: Settings, ds: datalib.DatasetSpec | None = None) -> dat
 
 def to_space(settings: Settings, raw: datalib.RawSplit, split: str, rows: np.ndarray | None,
              party: int | None = None) -> torch.Tensor:
-    """Pixels normalised per `normalisation`, or backbone features when a backbone is configured; `party`:
-    its images as its acquisition records them (`feature-skew`; features of shifted images are extracted
-    here, not read from the split's cache)."""
+    """Pixels normalised per `normalisation`, or backbone features when a backbone is configured (in the
+    `projection`'s coordinates when one is set); `party`: its images as its acquisition records them
+    (`feature-skew`; features of shifted images are extracted here, not read from the split's cache)."""
     if settings.backbone == "none":
         return datalib.normalize(party_unit(settings, raw, rows, party), pixel_spec(settings, raw.spec))
-    from .features import extractor_for, features_for
+    from .features import extractor_for, features_for, project
 
     if party is not None and settings.feature_skew > 0:
-        return extractor_for(settings)(party_unit(settings, raw, rows, party))
-    return features_for(settings, split, rows)
+        return project(settings, extractor_for(settings)(party_unit(settings, raw, rows, party)))
+    return project(settings, features_for(settings, split, rows))
 
 
 def mixing_shape(settings: Settings) -> tuple[int, ...]:

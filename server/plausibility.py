@@ -297,11 +297,14 @@ def domain(settings: Settings, dim: int | None) -> tuple[np.ndarray, np.ndarray]
     if settings.encoder == "mixcon":
         return None
     if settings.backbone != "none":
-        from fedsmix.features import backbone_spec
+        from fedsmix.features import feature_dim, feature_range
 
-        low, high = backbone_spec(settings).bounds
-        width = dim or backbone_spec(settings).dim
-        lo, hi = np.full(width, float(low)), np.full(width, math.inf if high is None else float(high))
+        width = dim or feature_dim(settings)
+        low, high = feature_range(settings)  # scalars, or per coordinate under a projection
+        if low.ndim and len(low) != width:
+            return None  # a malformed width: validation names it
+        lo = np.broadcast_to(low.double().numpy(), (width,)).copy()
+        hi = np.full(width, math.inf) if high is None else np.broadcast_to(high.double().numpy(), (width,)).copy()
     else:
         lo, hi = _pixel_box(settings.to_json())
         if dim is not None and dim != len(lo):

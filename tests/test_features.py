@@ -234,3 +234,59 @@ def test_a_missing_public_set_is_skipped_only_where_the_run_can_do_without_it(mo
     for needs_it in (base.replace(trainer="lda-public"), base.replace(trainer="ridge", adversary=("mmse",))):
         with pytest.raises(datalib.DatasetUnavailable):
             ensure_run_features(needs_it)
+
+
+# ------------------------------------------------------------------------------------------ projection
+def test_the_projection_finds_the_public_principal_and_discriminant_directions():
+    """Six coordinates: the most variance along the first (no class information), the classes apart along the fourth
+    with little spread within them. PCA keeps the first, the discriminant directions the fourth; either basis is
+    orthonormal, every direction's largest entry positive, and the same bytes on a second fit."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 500)
+    x = rng.normal(size=(2000, 6)) * np.array([10.0, 1, 1, 0.2, 1, 1])
+    x[:, 3] += 2.0 * labels
+    pca = features.fit_projection(x, None, 1)
+    lda = features.fit_projection(x, labels, 1)
+    assert abs(pca[0, 0]) > 0.99 and abs(lda[3, 0]) > 0.99
+    for k in (2, 3):
+        basis = features.fit_projection(x, labels, k)
+        assert np.allclose(basis.T @ basis, np.eye(k), atol=1e-10)
+        assert (basis[np.abs(basis).argmax(0), np.arange(k)] > 0).all()
+        assert features.fit_projection(x, labels, k).tobytes() == basis.tobytes()
+    assert (features.fit_projection(x, labels[::-1].copy(), 1) != lda).any()  # the labels decide it
+
+
+def test_a_projection_puts_every_split_and_the_upload_in_its_public_coordinates(digits_features, data_dir):
+    """Through the party's own path: its rows, the test split and the attacker's public pool in the k projected
+    coordinates of the same basis (fitted on the public set only: no private row enters it), every projected
+    feature inside the box the `domain` check and the attacks use, and the honest uploads quarantined by no check."""
+    from fedsmix.party import prepare_upload
+    from server import plausibility
+
+    settings = digits_features.replace(projection="public-lda", projection_dims=8, data_dir=data_dir)
+    basis = features.projection_basis(settings)
+    assert basis.shape == (512, 8) and torch.allclose(basis.T @ basis, torch.eye(8), atol=1e-5)
+    part = load_partition(settings, 1, 4)
+    assert torch.allclose(part.x, features.features_for(settings, "train", part.rows) @ basis)
+    x_test, _ = load_test(settings)
+    public = features.public_features(settings)
+    assert x_test.shape[1] == public.shape[1] == features.feature_dim(settings) == 8
+    lo, hi = features.feature_range(settings)
+    for rows in (part.x, x_test, public):
+        assert (rows >= lo - 1e-4).all() and (rows <= hi + 1e-4).all()
+    uploads = [prepare_upload(settings.replace(tau=1e-2), p, 4) for p in range(4)]
+    assert all(u.arrays["x"].shape[1] == 8 for u in uploads)
+    evidence = [plausibility.examine(p, u.arrays["x"], u.arrays["y"], u.metrics, settings.replace(tau=1e-2))
+                for p, u in enumerate(uploads)]
+    assert plausibility.quarantine(evidence, settings.replace(tau=1e-2)) == []
+
+
+def test_a_projection_names_its_key_when_it_cannot_apply():
+    with pytest.raises(Exception, match="projection: 'public-pca' maps backbone features"):
+        load_settings({"projection": "public-pca", "projection-dims": 4})
+    with pytest.raises(Exception, match="projection-dims: give k >= 1"):
+        load_settings({"backbone": "efficientnet-lite0", "projection": "public-lda"})
+    with pytest.raises(Exception, match="at most 7"):
+        load_settings({"backbone": "efficientnet-lite0", "projection": "public-lda-cifar10", "projection-dims": 9})
+    with pytest.raises(Exception, match="projection-dims: set only with a projection"):
+        load_settings({"backbone": "efficientnet-lite0", "projection-dims": 9})
