@@ -391,8 +391,8 @@ class Settings(BaseModel):
             raise ValueError("projection: encoder 'mixcon' learns its own representation; use projection 'none'")
         most = PROJECTION_MAX_DIMS.get(self.projection)
         if not self.projection_dims or (most and self.projection_dims > most):
-            raise ValueError(f"projection-dims: give k >= 1 for projection {self.projection!r}"
-                             + (f" (at most {most}: its classes less one)" if most else f", got {self.projection_dims}"))
+            limit = f" (at most {most}: its classes less one)" if most else f", got {self.projection_dims}"
+            raise ValueError(f"projection-dims: give k >= 1 for projection {self.projection!r}{limit}")
         return self
 
     @model_validator(mode="after")

@@ -153,9 +153,14 @@ def _basis(settings_json: str) -> torch.Tensor:
     settings = Settings.from_json(settings_json)
     dim = backbone_spec(settings).dim
     if settings.projection_dims > dim:
-        raise ValueError(f"projection-dims: {settings.projection_dims} exceeds the {dim} features of {settings.backbone}")
-    x = _backbone_public(settings, 0).numpy()
-    labels = None if settings.projection == "public-pca" else _public_labels(settings)
+        raise ValueError(f"projection-dims: {settings.projection_dims} exceeds the {dim} features of "
+                         f"{settings.backbone}")
+    try:
+        x = _backbone_public(settings, 0).numpy()
+        labels = None if settings.projection == "public-pca" else _public_labels(settings)
+    except datalib.DatasetUnavailable as error:
+        raise datalib.DatasetUnavailable(f"projection {settings.projection!r} is fitted on the public set "
+                                         f"({PUBLIC_DATASET}), every party needs it: {error}") from error
     basis = fit_projection(x, labels, settings.projection_dims)
     return torch.from_numpy(basis).float()
 

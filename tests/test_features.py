@@ -206,6 +206,7 @@ def test_reading_pixels_never_alters_the_cached_split():
         ({"strategies": "mixup-union", "trainer": "ridge"}, False),
         ({"strategies": "fedavg,local-only", "trainer": "auto"}, False),  # no central trainer runs
         ({"strategies": "fedavg", "adversary": "mmse"}, True),  # the attacker's prior
+        ({"strategies": "fedavg", "projection": "public-pca", "projection-dims": 8}, True),  # fitted on it
     ],
 )
 def test_features_command_extracts_the_public_pool_only_when_a_step_reads_it(overrides, public, monkeypatch):

@@ -47,16 +47,17 @@ def needs_public(settings: Settings) -> bool:
 
 def ensure_run_features(settings: Settings) -> list[Path]:
     """Extract (or find cached) every backbone-feature split a run reads: train and test, and the public
-    pool when the attacker or mixup-union's trainer uses it (`fedsmix features`, a grid's warm-up). A
+    pool when the attacker, a `projection` or mixup-union's trainer uses it (`fedsmix features`, a grid's warm-up). A
     public set that is not there is skipped under `trainer: auto`, as `server_public` does at run time."""
     from ..features import PUBLIC_DATASET, ensure_features
 
     paths = [ensure_features(settings, split) for split in ("train", "test")]
-    if settings.adversary or ("mixup-union" in settings.strategies and needs_public(settings)):
+    needed = settings.adversary or settings.projection != "none"  # a projection is fitted on the public set
+    if needed or ("mixup-union" in settings.strategies and needs_public(settings)):
         try:
             paths.append(ensure_features(settings.replace(dataset=PUBLIC_DATASET), "train"))
         except DatasetUnavailable:
-            if settings.adversary or settings.trainer != "auto":
+            if needed or settings.trainer != "auto":
                 raise
     return paths
 
