@@ -48,8 +48,8 @@ def of_run(run_dir: Path, sizes: tuple[float, ...] = (), draws: int = 3, genies:
                             f"linear in the soft labels ({', '.join(ENCODERS)})")
     t0 = time.perf_counter()
     parties = int(results.get("num-parties") or entry.get("num-partitions"))
-    key = (settings.dataset, settings.backbone, settings.image_size, settings.train_subset, settings.feature_skew,
-           settings.test_subset, parties, settings.seed if settings.train_subset or settings.feature_skew else None)
+    key = (settings.dataset, settings.backbone, settings.image_size, settings.projection, settings.projection_dims,
+           settings.train_subset, settings.feature_skew, settings.test_subset, parties, settings.seed if settings.train_subset or settings.feature_skew else None)
     genies = {} if genies is None else genies
     if key not in genies:
         x, labels = pooled_data(settings, parties)
