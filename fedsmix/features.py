@@ -120,7 +120,8 @@ def fit_projection(x: np.ndarray, labels: np.ndarray | None, dims: int, shrinkag
     """An orthonormal (d, k) basis: the top-k principal directions of `x` (labels None), or the span of its top-k
     discriminant directions (the generalised eigenvectors of the between- against the within-class covariance, the
     latter shrunk towards its mean variance by `shrinkage`), orthonormalised. float64 numpy throughout and every
-    direction's sign fixed (its largest entry positive), so every party computes the same basis from the same data."""
+    direction's sign fixed (its largest entry positive), so the same features give the same bytes; parties on CPUs
+    that round the backbone differently (about 1e-6 relative) get bases that differ by about as much."""
     x = np.asarray(x, dtype=np.float64)
     mean = x.mean(0)
     if labels is None:
