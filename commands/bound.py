@@ -48,8 +48,9 @@ def of_run(run_dir: Path, sizes: tuple[float, ...] = (), draws: int = 3, genies:
                             f"linear in the soft labels ({', '.join(ENCODERS)})")
     t0 = time.perf_counter()
     parties = int(results.get("num-parties") or entry.get("num-partitions"))
+    drawn = settings.seed if settings.train_subset or settings.feature_skew else None  # the seed moves the data
     key = (settings.dataset, settings.backbone, settings.image_size, settings.projection, settings.projection_dims,
-           settings.train_subset, settings.feature_skew, settings.test_subset, parties, settings.seed if settings.train_subset or settings.feature_skew else None)
+           settings.train_subset, settings.feature_skew, settings.test_subset, parties, drawn)
     genies = {} if genies is None else genies
     if key not in genies:
         x, labels = pooled_data(settings, parties)
