@@ -86,6 +86,17 @@ class DatasetUnavailable(FileNotFoundError):
     """The data set is neither in the data dir nor obtainable through torchvision."""
 
 
+def cifar10_matched(labels: np.ndarray, data_dir: str, key: str) -> np.ndarray:
+    """Each Tiny-ImageNet label's CIFAR-10-matched group (its index in CIFAR10_MATCHED_WNIDS), -1 for a class that
+    matches none; `key` names the setting that asked, in the error when the bundle lacks a matched class."""
+    wnids = class_ids("tiny-imagenet", data_dir)
+    group = {w: c for c, ids in enumerate(CIFAR10_MATCHED_WNIDS.values()) for w in ids}
+    missing = set(group) - set(wnids)
+    if missing:
+        raise DatasetUnavailable(f"{key}: Tiny-ImageNet lacks {sorted(missing)}")
+    return np.array([group.get(w, -1) for w in wnids], dtype=np.int64)[labels]
+
+
 @dataclass(frozen=True)
 class RawSplit:
     """Images NCHW in their stored dtype (uint8 for most), labels int64."""

@@ -108,12 +108,7 @@ def _public_labels(settings: Settings) -> np.ndarray:
     labels = raw.labels.astype(np.int64)
     if settings.projection != "public-lda-cifar10":
         return labels
-    wnids = datalib.class_ids(PUBLIC_DATASET, settings.data_dir)
-    group = {w: c for c, ids in enumerate(datalib.CIFAR10_MATCHED_WNIDS.values()) for w in ids}
-    missing = set(group) - set(wnids)
-    if missing:
-        raise datalib.DatasetUnavailable(f"projection 'public-lda-cifar10': Tiny-ImageNet lacks {sorted(missing)}")
-    return np.array([group.get(w, -1) for w in wnids[labels]], dtype=np.int64)
+    return datalib.cifar10_matched(labels, settings.data_dir, "projection 'public-lda-cifar10'")
 
 
 def fit_projection(x: np.ndarray, labels: np.ndarray | None, dims: int, shrinkage: float = 0.1) -> np.ndarray:
@@ -446,11 +441,11 @@ def cached_features(settings: Settings, split: str) -> np.ndarray:
     """The memory-mapped (rows, dim) float32 array of a split; extracted first if needed."""
     path = ensure_features(settings, split)
     array = _mapped(str(path), path.stat().st_mtime_ns)
-    rows = len(datalib.load_dataset(settings, split))
-    if array.shape != (rows, backbone_spec(settings).dim):
+    rows, dim = len(datalib.load_dataset(settings, split)), backbone_spec(settings).dim
+    if array.shape != (rows, dim):
         raise ValueError(
             f"feature cache {path}: shape {array.shape} does not match {settings.dataset}/{split} "
-            f"({rows} rows, {backbone_spec(settings).dim}-d); delete the file to extract again"
+            f"({rows} rows, {dim}-d); delete the file to extract again"
         )
     return array
 

@@ -94,13 +94,7 @@ def public_rows(settings: Settings, labels: np.ndarray) -> np.ndarray | None:
     """Rows of the public split that `public-classes` keeps (None: all of them)."""
     if settings.public_classes == "all":
         return None
-    wnids = datalib.class_ids("tiny-imagenet", settings.data_dir)
-    wanted = {w for ids in datalib.CIFAR10_MATCHED_WNIDS.values() for w in ids}
-    missing = wanted - set(wnids)
-    if missing:
-        raise datalib.DatasetUnavailable(f"public-classes 'cifar10': Tiny-ImageNet lacks {sorted(missing)}")
-    keep = np.isin(wnids[labels], sorted(wanted))
-    return np.flatnonzero(keep)
+    return np.flatnonzero(datalib.cifar10_matched(labels, settings.data_dir, "public-classes 'cifar10'") >= 0)
 
 
 def load_public_pool(settings: Settings, private: datalib.DatasetSpec) -> torch.Tensor:
