@@ -32,10 +32,11 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def of_run(run_dir: Path, sizes: tuple[float, ...] = (), draws: int = 3, genies: dict | None = None) -> dict:
-    """The bounds of one run, written to its upload-bound.json. `genies`: a cache of the genie per data setting."""
+    """The bounds of one run, written to its upload-bound.json. `genies`: a cache of the genie per data digest."""
     from fedsmix.data import dataset_spec
     from fedsmix.party import pooled_data
     from fedsmix.space import load_test
+    from fedsmix.training import tensors_digest
     from server.store import UploadStore
 
     results = json.loads((run_dir / "results.json").read_text())
@@ -48,14 +49,14 @@ def of_run(run_dir: Path, sizes: tuple[float, ...] = (), draws: int = 3, genies:
                             f"linear in the soft labels ({', '.join(ENCODERS)})")
     t0 = time.perf_counter()
     parties = int(results.get("num-parties") or entry.get("num-partitions"))
-    drawn = settings.seed if settings.train_subset or settings.feature_skew else None  # the seed moves the data
-    key = (settings.dataset, settings.backbone, settings.image_size, settings.projection, settings.projection_dims,
-           settings.train_subset, settings.feature_skew, settings.test_subset, parties, drawn)
+    x, labels = pooled_data(settings, parties)
+    test_x, test_y = load_test(settings)
+    key = tensors_digest((f"{name}{tuple(t.shape)}", t) for name, t in  # the genie is a function of these alone
+                         (("x", x), ("labels", labels), ("test-x", test_x), ("test-y", test_y)))
     genies = {} if genies is None else genies
     if key not in genies:
-        x, labels = pooled_data(settings, parties)
-        genies[key] = (genie_bound.Genie.of(x, labels, dataset_spec(settings).num_classes), load_test(settings))
-    genie, (test_x, test_y) = genies[key]
+        genies[key] = genie_bound.Genie.of(x, labels, dataset_spec(settings).num_classes)
+    genie = genies[key]
     used = sorted(int(p) for p in entry["parties"])
     x, y = UploadStore(run_dir / "uploads").union(used)
     uploads = genie_bound.Regression.of(x, y)

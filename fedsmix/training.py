@@ -16,7 +16,7 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -268,13 +268,18 @@ class CheckpointMismatch(ValueError):
     """The checkpoint was written for other training data (its key differs)."""
 
 
-def state_digest(model: nn.Module) -> str:
-    """sha256 over the state dict's names and tensor bytes: equal digests, equal weights."""
+def tensors_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 over names and tensor bytes, in order: equal digests, equal tensors."""
     h = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in named:
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def state_digest(model: nn.Module) -> str:
+    """`tensors_digest` of the state dict: equal digests, equal weights."""
+    return tensors_digest(model.state_dict().items())
 
 
 SKETCH_SIZE = 16

@@ -282,6 +282,44 @@ def test_a_projection_puts_every_split_and_the_upload_in_its_public_coordinates(
     assert plausibility.quarantine(evidence, settings.replace(tau=1e-2)) == []
 
 
+def test_the_bound_of_a_grid_fits_each_cells_genie_on_that_cells_projected_rows(digits_features, data_dir, tmp_path,
+                                                                                one_thread):
+    """`fedsmix bound` over a grid whose cells differ only in `projection`: each cell's genie is told the clean rows
+    of its own projection (its clean LDA is the one fitted on that cell's data), never the other cell's. The genie
+    is keyed by the rows themselves, so no setting that moves the data can be left out of its key."""
+    import json
+
+    import yaml
+
+    from commands.cli import main
+    from fedsmix import bound
+    from fedsmix.party import pooled_data
+
+    base = {"dataset": "digits", "backbone": "resnet18", "weights-path": digits_features.weights_path,
+            "image-size": 16, "feature-cache-dir": digits_features.feature_cache_dir, "data-dir": data_dir,
+            "partitioner": "iid", "strategies": "mixup-union", "trainer": "lda", "tau": 1e-2, "device": "cpu",
+            "runs-dir": str(tmp_path / "runs"), "projection": "public-pca", "projection-dims": 6,
+            "grid": {"parties": [3], "projection": ["public-pca", "public-lda"]}}
+    preset = tmp_path / "projections.yaml"
+    preset.write_text(yaml.safe_dump(base))
+    out = tmp_path / "grid"
+    out.mkdir()
+    assert main(["grid", "--preset", str(preset), "--engine", "inprocess", "--resume", str(out)]) == 0
+    assert main(["bound", str(out)]) == 0
+    written = {}
+    for path in sorted(out.glob("cells/*/*/upload-bound.json")):
+        results = json.loads((path.parent / "results.json").read_text())
+        settings = load_settings(results["settings"])
+        x, labels = pooled_data(settings, 3)
+        genie = bound.Genie.of(x, labels, 10)
+        assert x.shape[1] == 6
+        expected = bound.clean_lda(genie, *load_test(settings))
+        written[settings.projection] = json.loads(path.read_text())["clean-lda"]
+        assert written[settings.projection] == pytest.approx(expected, abs=1e-12)
+    assert sorted(written) == ["public-lda", "public-pca"]
+    assert written["public-lda"] != written["public-pca"]  # a genie shared between the cells would read the same
+
+
 def test_a_projection_names_its_key_when_it_cannot_apply():
     with pytest.raises(Exception, match="projection: 'public-pca' maps backbone features"):
         load_settings({"projection": "public-pca", "projection-dims": 4})
