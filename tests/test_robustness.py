@@ -244,6 +244,47 @@ def test_a_consistent_liar_tells_one_lie_everywhere_and_its_own_word_cannot_cont
     assert torch.equal(other.labels, load_partition(settings, BAD + 1, PARTIES).labels)
 
 
+@pytest.mark.parametrize("kind", ["relabel-target", "relabel-flip"])
+def test_the_server_sees_a_consistent_liar_as_an_honest_party_whose_images_bear_those_labels(quickstart, kind,
+                                                                                            monkeypatch):
+    """The limit every server-side rule faces: what a consistent liar sends (its upload's bytes, its report, the
+    counts of its validation split it votes with) is, byte for byte, what an honest party sends whose data set labels
+    the same images so. No check or rule of the server can tell the two apart; what one can bound is the cost of the
+    told labels to the union model (`class-prior uniform`, docs/robustness.md "A consistent liar and the class
+    prior")."""
+    from fedsmix import data as datalib
+    from fedsmix import party as party_module
+
+    settings, uploads, _ = quickstart
+    assert not settings.train_subset  # the deal below is over the whole training split
+    lying = settings.replace(fault=f"{kind}:{BAD}")
+    liar = prepare_upload(lying, BAD, PARTIES)
+    assert liar.arrays["y"].tobytes() != uploads[BAD].arrays["y"].tobytes()  # the lie is in what it sends
+    train, val = load_partition(lying, BAD, PARTIES), load_partition(lying, BAD, PARTIES, "validation")
+    original = datalib.load_dataset(settings, "train")
+    told = original.labels.copy()
+    told[train.rows], told[val.rows] = train.labels.numpy(), val.labels.numpy()
+    assert (told != original.labels).any()
+    load, deal = datalib.load_dataset, party_module.partition_indices
+
+    def labelled_so(run_settings, split):  # the honest party's data set: the same images, the told labels
+        raw = load(run_settings, split)
+        return datalib.RawSplit(raw.images, told, raw.spec) if split == "train" else raw
+
+    monkeypatch.setattr(datalib, "load_dataset", labelled_so)
+    # the simulator deals the same rows to the party as before (a real party's data is simply what it holds)
+    monkeypatch.setattr(party_module, "partition_indices", lambda _labels, *rest: deal(original.labels, *rest))
+    honest = prepare_upload(settings, BAD, PARTIES)
+    assert sorted(honest.arrays) == sorted(liar.arrays)
+    for name in liar.arrays:
+        assert honest.arrays[name].dtype == liar.arrays[name].dtype
+        assert honest.arrays[name].tobytes() == liar.arrays[name].tobytes(), name
+    report = {k: v for k, v in liar.metrics.items() if k != "encode-seconds"}
+    assert {k: v for k, v in honest.metrics.items() if k != "encode-seconds"} == report
+    assert report["validation-counts"] == np.bincount(val.labels.numpy(), minlength=train.num_classes).tolist()
+    assert torch.equal(load_partition(settings, BAD, PARTIES, "validation").labels, val.labels)  # what it votes on
+
+
 def test_a_uniform_class_prior_moves_the_prior_term_and_nothing_else(quickstart):
     """class-prior uniform: every class's label mass rescaled alike, so a Gaussian discriminant's logits move by
     exactly log(1/C) - log(pi_c) (its class means, covariance and noise debiasing unchanged), and the setting
