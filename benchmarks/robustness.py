@@ -104,8 +104,8 @@ ARMS = {
     "fedavg": {"strategies": "fedavg"},
 }
 BASE_ARM, SEEDS = "class-prior uploads", (1, 2, 3)
-# arms whose clean line is their own accuracy, not a change from the base arm's (another strategy)
-OWN_BASELINE = {"fedavg"}
+# arms whose clean line is their own accuracy, not a change from the base arm's (the base, another strategy)
+OWN_BASELINE = {BASE_ARM, "fedavg"}
 # FedAvg reads no tau: it runs once per data set, where its rounds fit this machine (on the features about 10 min
 # a run, 9 runs a setting: not run)
 SKIP = {("cifar10 features, tau 1e-3", "fedavg"), ("cifar10 features, tau 1e-2", "fedavg")}
@@ -195,11 +195,10 @@ def liar_table(rows: list[dict]) -> str:
         for fault in LIARS:
             line = {"setting": setting, "fault": fault}
             for arm in ARMS:
-                deltas, named, n = [], 0, 0
+                deltas, named, n, own = [], 0, 0, arm in OWN_BASELINE
                 for seed in SEEDS:
                     row = acc.get((f"{setting}; {arm}; seed {seed}", fault))
                     if fault == "clean":
-                        own = arm == BASE_ARM or arm in OWN_BASELINE
                         base = row if own else acc.get((f"{setting}; {BASE_ARM}; seed {seed}", "clean"))
                         if row and base:
                             deltas.append(100 * row["accuracy"] if own else 100 * (row["accuracy"] - base["accuracy"]))
@@ -210,8 +209,7 @@ def liar_table(rows: list[dict]) -> str:
                         n += 1
                         named += bool(named_bad(row))
                 counts.append(len(deltas))
-                own = fault == "clean" and (arm == BASE_ARM or arm in OWN_BASELINE)
-                text = ci(interval(deltas), ".2f" if own else "+.2f")
+                text = ci(interval(deltas), ".2f" if own and fault == "clean" else "+.2f")
                 if fault != "clean" and n:
                     text += f" (caught {named}/{n})"
                 line[arm] = text
