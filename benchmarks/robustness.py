@@ -199,9 +199,10 @@ def liar_table(rows: list[dict]) -> str:
                 for seed in SEEDS:
                     row = acc.get((f"{setting}; {arm}; seed {seed}", fault))
                     if fault == "clean":
-                        base = row if own else acc.get((f"{setting}; {BASE_ARM}; seed {seed}", "clean"))
-                        if row and base:
-                            deltas.append(100 * row["accuracy"] if own else 100 * (row["accuracy"] - base["accuracy"]))
+                        base = acc.get((f"{setting}; {BASE_ARM}; seed {seed}", "clean")) or {}
+                        ref = 0.0 if own else base.get("accuracy")
+                        if row and ref is not None:
+                            deltas.append(100 * (row["accuracy"] - ref))
                         continue
                     base = acc.get((f"{setting}; {arm}; seed {seed}", "clean"))
                     if row and base:
