@@ -135,20 +135,11 @@ class RunContext:
     def stream_replies(self, messages: Iterable[Message], timeout: float | None = None) -> Iterator[Message]:
         """Yield replies as they arrive, so a caller can store and drop each large one before the next.
 
-        Stops after `timeout` (default: reply-timeout); nodes that never answered are the
-        caller's to report (compare the replies' source nodes with the destinations).
+        Stops once `timeout` (default: reply-timeout) seconds pass with no reply (`CountingGrid.stream`);
+        nodes that never answered are the caller's to report (compare the replies' source nodes with the
+        destinations).
         """
-        grid = self.counting_grid()
-        pending = set(grid.push_messages(messages))
-        deadline = time.monotonic() + (timeout or self.settings.reply_timeout)
-        while pending and time.monotonic() < deadline:
-            replies = grid.pull_messages(pending)
-            for reply in replies:
-                pending.discard(reply.metadata.reply_to_message_id)
-            while replies:
-                yield replies.pop(0)  # hand over the only reference
-            if pending:
-                time.sleep(0.1)
+        yield from self.counting_grid().stream(messages, timeout or self.settings.reply_timeout)
 
     def counting_grid(self) -> CountingGrid:
         """The grid to hand to Flower strategies: it books every byte into `traffic`."""

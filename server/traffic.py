@@ -48,12 +48,29 @@ class CountingGrid:
         return self._count_in(self._grid.pull_messages(message_ids))
 
     def send_and_receive(self, messages, *, timeout=None):
-        messages, entry = self._count_out(messages)
-        replies = self._grid.send_and_receive(messages, timeout=timeout)
-        for msg in messages:  # ids exist once pushed; SuperLink-made error replies name only these
-            self.destinations[msg.metadata.message_id] = msg.metadata.dst_node_id
-            self.round_of[msg.metadata.message_id] = entry
-        return self._count_in(replies)
+        """Flower's Grid call (its strategies' rounds), under the same wait rule as `stream`."""
+        return list(self.stream(messages, timeout))
+
+    def stream(self, messages, timeout=None):
+        """Push `messages`, then yield each reply as it arrives.
+
+        The wait ends when every message is answered, or after `timeout` seconds in which no reply came (None:
+        never). Parties that share the machine's cores answer in turn (the in-process transport's one worker,
+        Ray with fewer actors than parties), so each of them gets `timeout` seconds of its own, as parties that
+        run side by side do; a party that stalls is still caught `timeout` seconds after the last reply.
+        """
+        pending = set(self.push_messages(messages))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending and (deadline is None or time.monotonic() < deadline):
+            replies = self.pull_messages(pending)
+            if replies and timeout is not None:
+                deadline = time.monotonic() + timeout
+            for reply in replies:
+                pending.discard(reply.metadata.reply_to_message_id)
+            while replies:
+                yield replies.pop(0)  # hand over the only reference
+            if pending:
+                time.sleep(0.1)
 
     def _count_out(self, messages) -> tuple[list, dict]:
         messages = list(messages)

@@ -182,6 +182,37 @@ def test_hello_and_stored_stub_replies_carry_only_the_party(task_identity):
     assert set(fresh.content.keys()) == {"upload", "metrics"}  # not stored: it encodes and uploads
 
 
+def test_the_wait_ends_a_reply_timeout_after_the_last_reply_not_after_the_push(task_identity):
+    """The counting grid's one wait rule: replies that come in turn, each within the timeout, are all received
+    however long the round; a node that never answers ends the wait one timeout after the last reply."""
+    from collections import defaultdict
+
+    from server.traffic import CountingGrid
+
+    class InTurn:  # node k answers 0.3 s after node k-1; node 13 never
+        def push_messages(self, messages):
+            self.start, self.ids = time.monotonic(), [f"id-{m.metadata.dst_node_id}" for m in messages]
+            return self.ids
+
+        def pull_messages(self, ids):
+            due = int((time.monotonic() - self.start) / 0.3)
+            ready = [i for i in self.ids[:due] if i in ids and i != "id-13"]
+            return [Message(RecordDict(), reply_to=asked[i]) for i in ready]
+
+    asked = {}
+
+    messages = [Message(RecordDict(), dst_node_id=node, message_type="query.x") for node in (10, 11, 12, 13)]
+    grid = CountingGrid(InTurn(), defaultdict(int), defaultdict(int))
+    for msg, message_id in zip(messages, [f"id-{n}" for n in (10, 11, 12, 13)]):
+        msg.metadata.__dict__["_message_id"] = message_id
+        asked[message_id] = msg
+    started = time.monotonic()
+    replies = list(grid.stream(messages, timeout=0.5))
+    waited = time.monotonic() - started
+    assert [r.metadata.reply_to_message_id for r in replies] == ["id-10", "id-11", "id-12"]  # 0.9 s, past 0.5
+    assert 1.3 <= waited < 3.0  # the last reply at about 0.9 s, then one timeout of silence
+
+
 def test_pushed_messages_name_their_node_for_the_superlinks_stand_in_replies(task_identity):
     """Streamed uploads go through push_messages: a reply the SuperLink makes for a dead node names only
     the message id, so the counting grid must remember each pushed id's destination."""

@@ -57,6 +57,31 @@ def test_a_party_that_stalls_past_the_reply_timeout_is_reported_as_timed_out(dat
         inprocess.run(overrides, 2)
 
 
+def test_parties_that_answer_in_turn_each_get_their_own_reply_timeout(data_dir, runs_dir, one_thread):
+    """Three honest parties that take 2 s each answer one after another (as parties sharing a machine's cores do):
+    the round takes past 6 s against a reply-timeout of 4 s, and every party counts, in FedAvg's rounds (Flower's
+    strategy waiting on the grid) and in local-only's streamed replies alike."""
+    import time
+
+    from clients.app import app as client_app
+    from fedsmix.config import load_settings
+    from server.app import run_experiment
+
+    def slow_party(msg, context):
+        if msg.metadata.message_type != "query.hello":  # the hello waits on start-timeout
+            time.sleep(2.0)
+        return client_app(msg, context)
+
+    overrides = _overrides(data_dir, runs_dir, strategies="fedavg,local-only", rounds=1, epochs=1,
+                           **{"reply-timeout": 4.0, "tuning-budget": 1})
+    with inprocess.server_identity(), inprocess.InProcessGrid(3, client_app=slow_party) as grid:
+        results = run_experiment(grid, load_settings(overrides))
+    fedavg, local = results["strategies"]["fedavg"], results["strategies"]["local-only"]
+    assert fedavg["dropped"] == [] and fedavg["parties-used"] == 3, fedavg["dropped"]
+    assert local["dropped"] == [] and set(local["per-party-accuracy"]) == {"0", "1", "2"}, local["dropped"]
+    assert max(r["seconds"] for r in fedavg["round-costs"] + local["round-costs"]) > 6.0  # past one reply-timeout
+
+
 @pytest.mark.sim
 def test_both_transports_train_the_same_weights_from_the_same_seed(data_dir, tmp_path, one_thread):
     """digits, 3 parties, every strategy (trainer selection and the model's return included), one thread on both
