@@ -53,7 +53,9 @@ def maybe_fail(spec: str, party: int, phase: str, timeout: float) -> None:
     if party in faults.get("raise", ()):
         raise InjectedFault(f"party {party}: injected fault during {phase}")
     if party in faults.get("timeout", ()):
-        time.sleep(timeout + 2.0)  # the server stopped waiting `timeout` s after it sent the message
+        # the server stops waiting `timeout` s after the last reply it got: twice that (and a margin) outlasts the
+        # wait whenever the other parties answered within `timeout` of the push
+        time.sleep(2.0 * timeout + 2.0)
         raise InjectedFault(f"party {party}: injected timeout during {phase}")
 
 
