@@ -127,6 +127,13 @@ def described(res: dict) -> dict[str, str]:
     return out
 
 
+def cell_text(record: dict) -> str:
+    """A table cell from `described`'s fields: the setting chosen and its tuning budget ('-': one setting ran)."""
+    if not record.get("tuning"):
+        return "-"
+    return f"{record.get('chosen') or '-'} ({record['tuning']})"
+
+
 def party_choices(res: dict) -> dict[str, int]:
     """Where each party chose alone (local-only): each setting chosen, as text, and how many parties chose it."""
     picks: dict[str, int] = {}

@@ -262,17 +262,26 @@ def test_a_crossover_over_seeds_says_whether_its_interval_clears_the_margin():
     assert "beyond the seed interval" in tight and "not beyond" not in tight
 
 
-def test_the_cost_table_names_the_candidate_auto_chose(tiny_preset, tmp_path, monkeypatch):
-    """A `trainer` axis must not hide what `trainer: auto` picked in each cell."""
-    plan = grid_plan.make_plan(str(tiny_preset), axes={"parties": [2], "radius-mode": ["theorem"], "trainer": ["auto"]})
+def test_the_cost_table_names_what_each_strategys_selection_chose_at_each_seed(tiny_preset, tmp_path, monkeypatch):
+    """A `trainer` axis must not hide what `trainer: auto` picked in each cell, and FedAvg's cell names its setting,
+    stopping round and budget like mixup-union's, with the seed that chose each where seeds chose differently."""
+    plan = grid_plan.make_plan(str(tiny_preset), sets={"strategies": "mixup-union,fedavg"},
+                               axes={"parties": [2], "radius-mode": ["theorem"], "trainer": ["auto"]}, seeds=[1, 2])
 
     def chosen(overrides, parties, engine, runs_dir):
-        mix = {"trainer": "lda@10", "parties": {"0": {"radius": 1.0}}}
+        seed = overrides["seed"]
+        mix = {"trainer": "lda@10", "parties": {"0": {"radius": 1.0}}, "tuning-budget": 2, "chosen": "lda@10",
+               "tried": ["mlp", "lda@10"]}
+        fed = {"tuning-budget": 2, "tried": [{"client-lr": 0.05}, {"client-lr": 0.01}],
+               "chosen": {"client-lr": 0.05 if seed == 1 else 0.01}, "stopped-at": 3 + seed}
         return {"run-dir": str(runs_dir), "strategies": {
-            s: {"accuracy": 0.5, **(mix if s == "mixup-union" else {})} for s in overrides["strategies"].split(",")}}
+            s: {"accuracy": 0.5, **(mix if s == "mixup-union" else fed if s == "fedavg" else {})}
+            for s in overrides["strategies"].split(",")}}
 
     monkeypatch.setattr(grid_run, "run_cell", chosen)
     GridRun(plan, tmp_path, engine="inprocess").run()
     rows = {r["strategy"]: r for r in csv.DictReader((tmp_path / "table.csv").open())}
     assert rows["mixup-union"]["trainer"] == "auto" and rows["mixup-union"]["trainer-chosen"] == "lda@10"
-    assert "| lda@10 |" in (tmp_path / "table.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert "| lda@10 (2 tried, budget 2) |" in table
+    assert "| seed 1: client-lr=0.05, round 4; seed 2: client-lr=0.01, round 5 (2 tried, budget 2) |" in table

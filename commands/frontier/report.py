@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from fedsmix import tables
+from fedsmix import tables, tuning
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.tables import fmt as _f
 from fedsmix.tables import write_csv
@@ -107,13 +107,6 @@ def write_all(run_dir: Path, records: list[dict], attacks: list[dict], study: li
     return [str(f) for f in files] + [str(run_dir / n) for n in figures]
 
 
-def _chosen(r: dict) -> str:
-    """The setting the row's selection chose, and its tuning budget ('-': a row that ran one setting)."""
-    if not r.get("tuning"):
-        return "-"
-    return f"{r.get('chosen') or '-'} ({r['tuning']})"
-
-
 def _privacy(r: dict) -> str:
     """The row's privacy parameters, each in its own cell."""
     return (f"| {_f(r.get('tau'), '.0e')} | {_f(r.get('upload_k'), 'd')} | {r.get('mixcon') or '-'} "
@@ -161,7 +154,7 @@ def markdown(records: list[dict], reencoding: list[dict], meta: dict, gradient_s
             f" [{r['attack_setting']}]" if r.get("attack_setting") else "")
         lines.append(
             f"| {r['strategy']} | {_space(r)} "
-            f"| {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} | {_chosen(r)} "
+            f"| {_f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.2f')} | {tuning.cell_text(r)} "
             f"{_privacy(r)}| {attack} "
             f"| {_f(r['snr_db'], '.2f')} | {_f(r['psnr_db'], '.2f')} | {_f(r['ssim'], '.3f')} "
             f"| {_f(r['gain_snr_db'], '+.2f')} | {_f(r['gain_psnr_db'], '+.2f')} | {_f(r['gain_ssim'], '+.3f')} "
@@ -286,7 +279,7 @@ def seeds_markdown(records: list[dict], summaries: list[dict]) -> str:
             f"| {cell(r, 'gain_psnr_db', '+.2f')} | {cell(r, 'gain_ssim', '+.3f')} | {cell(r, 'best_ssim', '.3f')} "
             f"| {cell(r, 'gain_st_lpips', '+.3f')} | {cell(r, 'gain_vs_party_mean_db', '+.2f')} "
             f"| {cell(r, 'bytes_up_per_party', ',.0f')} "
-            f"| {cell(r, 'wall_seconds', '.1f')} | {_chosen(r)} | {r['dominated_by'] or '-'} |"
+            f"| {cell(r, 'wall_seconds', '.1f')} | {tuning.cell_text(r)} | {r['dominated_by'] or '-'} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedsmix import tables
+from fedsmix import tables, tuning
 from fedsmix.config import load_settings
 from fedsmix.runs import atomic_write_bytes
 from fedsmix.tables import write_csv
@@ -111,7 +111,7 @@ def _table_id(cell_id: str) -> str:
 def aggregate(plan: GridPlan, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs -> one record per table cell and strategy, in the order first run: the axis values, the seeds, n (the
     seeds that finished), `stats` (each numeric field's Interval over those seeds) and `stat-seeds` (the seed of
-    each of its values); text fields keep their value, or every distinct one joined by '; '."""
+    each of its values); a text field keeps its value, or where seeds differ each seed's (`seed s: value; ...`)."""
     axes = set(plan.axes) - {SEED}
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
@@ -131,6 +131,8 @@ def aggregate(plan: GridPlan, rows: list[dict[str, Any]]) -> list[dict[str, Any]
                 record["stats"][key] = tables.interval([v for _, v in values], LEVEL)
                 record["stat-seeds"][key] = [s for s, _ in values]
             elif texts := list(dict.fromkeys(str(r[key]) for r in runs if r.get(key) not in (None, ""))):
+                if len(texts) > 1 and all(r.get("seed") is not None for r in runs):  # say which seed chose what
+                    texts = [f"seed {r['seed']}: {r[key]}" for r in runs if r.get(key) not in (None, "")]
                 record[key] = "; ".join(texts)
         reused = list(dict.fromkeys(_table_id(r["reused-from"]) for r in runs if r.get("reused-from")))
         record["reused-from"] = "; ".join(reused)
@@ -294,7 +296,7 @@ def markdown(plan: GridPlan, rows: list[dict[str, Any]], engine: str = "") -> st
                 str(r["n"]),
                 _ci(r, "accuracy", ".2f", 100),
                 (r.get("radius-mode") or "-") if r["strategy"] == "mixup-union" else "-",
-                r.get("trainer-chosen") or "-",
+                tuning.cell_text(r) if r.get("tuning") else r.get("trainer-chosen") or "-",
                 _ci(r, "returned-mean-accuracy", ".2f", 100),
                 _ci(r, "snr-bound-max", ".2g"),
                 _ci(r, "snr-empirical-mean", ".2g"),
@@ -315,7 +317,7 @@ def markdown(plan: GridPlan, rows: list[dict[str, Any]], engine: str = "") -> st
                 "n",
                 "acc %",
                 "radius mode",
-                "trainer (chosen)",
+                "chosen (tuning)",
                 "parties' returned models, mean acc %",
                 "SNR bound (max)",
                 "SNR measured (mean)",
