@@ -92,6 +92,8 @@ class InProcessGrid(Grid):
             return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """The replies that came, under server/traffic.py's wait rule: every message answered, or `timeout`
+        seconds after the last reply (the parties answer one at a time here, each gets a timeout of its own)."""
         pending = set(self.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
@@ -100,6 +102,8 @@ class InProcessGrid(Grid):
                 arrived = [i for i in self._replies if i in pending]  # in the order they arrived
                 replies += [self._replies.pop(i) for i in arrived]
                 pending.difference_update(arrived)
+                if arrived and timeout is not None:
+                    deadline = time.monotonic() + timeout
                 left = None if deadline is None else deadline - time.monotonic()
                 if not pending or (left is not None and left <= 0):
                     break
