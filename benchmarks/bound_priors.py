@@ -14,11 +14,19 @@ with its knowledge taken away piece by piece:
 And the noise per coordinate against the clean within-class variance per coordinate: why W cannot be estimated
 from the uploads at these taus.
 
+`--sizes 3,10,30`: the `clean-cov` learner (at its best lam on the actual union, picked on the test split: an
+optimistic reference) and the subspace genie for unions of that many times the rows, the parties' noise and mixing
+unchanged (`fedsmix.bound.simulated`, `--draws` draws each): the union size at which a learner told no more than the
+clean covariance would reach a given accuracy. `--out NAME` writes benchmarks/results/NAME.json (default
+bound_priors).
+
     .venv/bin/python benchmarks/bound_priors.py RUN_DIR [RUN_DIR ...]     # about 1 min a run on 2 cores
+    .venv/bin/python benchmarks/bound_priors.py --sizes 3,10,30 --draws 3 --out bound_priors_128px RUN_DIR ...
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -41,7 +49,7 @@ PUBLIC_T = (0.5, 1.0)
 PUBLIC_LAMBDAS = (0.003, 0.01, 0.03)
 
 
-def of_run(run_dir: Path, cache: dict) -> dict:
+def of_run(run_dir: Path, cache: dict, sizes: tuple[float, ...] = (), draws: int = 3) -> dict:
     t0 = time.perf_counter()
     results = json.loads((run_dir / "results.json").read_text())
     settings, entry = load_settings(results["settings"]), results["strategies"]["mixup-union"]
@@ -79,23 +87,39 @@ def of_run(run_dir: Path, cache: dict) -> dict:
     out["noise-var-per-coordinate"] = partner * radius**2 / dim
     out["clean-within-var-per-coordinate"] = within_trace / dim
     out["rows"] = uploads.rows
+    best_lam = max(CLEAN_LAMBDAS, key=lambda lam: out[f"clean-cov@{lam:g}"])
+    out["clean-cov-best-lam"] = best_lam
+    for size in sizes:
+        rows = round(size * uploads.rows)
+        for name, prior in (("clean-cov", best_lam * total), ("subspace", genie.between())):
+            mean, std = genie_bound.simulated(genie, uploads, test_x, test_y, rows, draws, settings.seed, prior)
+            out[f"{name}@{size:g}x"], out[f"{name}@{size:g}x-std"] = mean, std
     out["seconds"] = time.perf_counter() - t0
     return out
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="finished mixup-union run directories (with their uploads)")
+    parser.add_argument("--sizes", default="", help="comma-separated multiples of the union's rows to simulate")
+    parser.add_argument("--draws", type=int, default=3, help="simulated draws per size")
+    parser.add_argument("--out", default="bound_priors", help="results name under benchmarks/results/")
+    args = parser.parse_args()
+    sizes = tuple(float(s) for s in args.sizes.split(",") if s.strip())
     cache: dict = {}
     rows = []
-    for arg in sys.argv[1:]:
-        row = of_run(Path(arg).resolve(), cache)
+    for arg in args.runs:
+        row = of_run(Path(arg).resolve(), cache, sizes, args.draws)
         rows.append(row)
         clean = ", ".join(f"{100 * row['clean-cov@' + format(lam, 'g')]:.2f}" for lam in CLEAN_LAMBDAS)
+        scaled = "; ".join(f"{size:g}x rows: clean covariance {100 * row[f'clean-cov@{size:g}x']:.1f}, subspace "
+                           f"{100 * row[f'subspace@{size:g}x']:.1f}" for size in sizes)
         print(f"tau {row['tau']:g} seed {row['seed']}: trainer {100 * row['trainer']:.2f}, subspace genie "
               f"{100 * row['subspace']:.2f}, clean covariance prior {clean}, public best "
               f"{100 * row['public-best']:.2f} ({row['public-best-setting']}); noise/clean variance per coordinate "
-              f"{row['noise-var-per-coordinate'] / row['clean-within-var-per-coordinate']:.0f} "
-              f"({row['seconds']:.0f} s)", flush=True)
-        write("bound_priors", {"command": "benchmarks/bound_priors.py " + " ".join(sys.argv[1:]), "rows": rows})
+              f"{row['noise-var-per-coordinate'] / row['clean-within-var-per-coordinate']:.0f}"
+              f"{'; ' + scaled if scaled else ''} ({row['seconds']:.0f} s)", flush=True)
+        write(args.out, {"command": "benchmarks/bound_priors.py " + " ".join(sys.argv[1:]), "rows": rows})
 
 
 if __name__ == "__main__":
