@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -23,11 +24,17 @@ ENCODERS = ("singularized", "mixup", "none")  # rows whose mean is linear in the
 
 
 def run_dirs(root: Path) -> list[Path]:
-    """The run directories under `root` (itself, or a grid's cells/<cell>/<run>) that hold mixup-union uploads."""
+    """The run directories of `root` that hold mixup-union uploads: itself (a run directory), or a grid's: its
+    cells/<cell>/<run> (not the cells' `latest` links) and every run its grid.json names, so that a grid whose
+    earlier seeds were reused from another directory (`--resume` on a copy of its grid.json) is bounded whole."""
     if (root / "results.json").is_file():  # a run directory (runs/latest is a link to one)
         found = [root]
-    else:  # a grid: each cell's runs, not its `latest` link to one of them
-        found = sorted(p.parent for p in root.glob("cells/*/*/results.json") if not p.parent.is_symlink())
+    else:  # a grid
+        found = [p.parent for p in root.glob("cells/*/*/results.json") if not p.parent.is_symlink()]
+        if (root / "grid.json").is_file():
+            named = json.loads((root / "grid.json").read_text()).get("results", {}).values()
+            found += [Path(s["run-dir"]) for s in named if s.get("run-dir")]
+        found = sorted({p.resolve() for p in found})
     return [p for p in found if (p / "uploads" / "manifest.json").is_file()]
 
 
@@ -106,7 +113,7 @@ def cmd_bound(args: argparse.Namespace) -> int:
     for run_dir in dirs:
         out = of_run(run_dir, sizes, args.draws, genies)
         cell = run_dir.parent.name if run_dir != root else run_dir.name
-        cell = cell.replace(f"seed={out['seed']}_", "")  # seeds of one cell are grouped
+        cell = re.sub(rf"_?seed={out['seed']}(?=_|$)", "", cell)  # seeds of one cell are grouped
         rows.append((cell, out))
         print(f"{run_dir.name}: trainer {100 * out['accuracy']:.2f} %, genie {100 * out['genie-subspace']:.2f} % "
               f"(flat prior {100 * out['genie-flat']:.2f} %), clean LDA {100 * out['clean-lda']:.2f} % "

@@ -105,3 +105,33 @@ def test_bound_command_writes_beside_a_run_and_names_what_it_lacks(data_dir, run
         (other / "uploads" / "manifest.json").write_text("{}")
         (other / "results.json").write_text(json.dumps(stored))
         of_run(other)
+
+
+def test_bound_of_a_grid_takes_every_run_its_grid_json_names(data_dir, runs_dir, one_thread, tmp_path, capsys):
+    """A grid continued in a second directory on a copy of the first one's grid.json (seed 1 reused from the first,
+    seed 2 run in the second): `fedsmix bound` on the second bounds both seeds, grouped in one cell."""
+    import shutil
+
+    import yaml
+
+    from commands.cli import main
+
+    preset = tmp_path / "two-seeds.yaml"
+    preset.write_text(yaml.safe_dump({
+        "dataset": "digits", "partitioner": "dirichlet", "dirichlet-alpha": 0.5, "strategies": "mixup-union",
+        "trainer": "lda", "tau": 1e-2, "epochs": 2, "data-dir": data_dir, "runs-dir": runs_dir,
+        "grid": {"parties": [3]},
+    }))
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    assert main(["grid", "--preset", str(preset), "--engine", "inprocess", "--seeds", "1", "--resume", str(first)]) == 0
+    shutil.copy(first / "grid.json", second / "grid.json")
+    assert main(["grid", "--preset", str(preset), "--engine", "inprocess", "--seeds", "1,2",
+                 "--resume", str(second)]) == 0
+    assert [p.name for p in second.glob("cells/*")] == ["p3_seed=2"]  # only seed 2 ran here
+    capsys.readouterr()
+    assert main(["bound", str(second)]) == 0
+    table = capsys.readouterr().out
+    assert "| 1,2 |" in table, table  # both seeds, one cell
+    assert len({p.resolve() for p in first.glob("cells/*/*/upload-bound.json")}) == 1  # beside the reused run
