@@ -212,6 +212,44 @@ def test_reuse_takes_finished_rows_with_the_same_settings_only(tmp_path):
         reused_runs(tmp_path / "nowhere", rows, settings, plan)
 
 
+@pytest.mark.sim
+def test_a_stopped_attack_phase_keeps_the_rows_it_attacked(runs_dir, monkeypatch):
+    """Each row's attacks are saved as they finish: `--reuse` of a frontier whose attack phase stopped takes the
+    attacked rows back and attacks only the rest; a changed attack key attacks every row again."""
+    from commands.frontier import run as frontier
+
+    real, attacked = frontier.attack_row, []
+
+    def attack_row(row, *args, **kwargs):
+        attacked.append(row.name)
+        if row.name == stop_at:
+            raise KeyboardInterrupt  # the user stops the attack phase here
+        return real(row, *args, **kwargs)
+
+    monkeypatch.setattr(frontier, "attack_row", attack_row)
+    rows = {"rows": "singularized-tau1e-2,instahide-inside-k4", "reencoding": "1"}
+    stop_at = "instahide-inside-k4"
+    with pytest.raises(KeyboardInterrupt):
+        frontier.run_frontier("configs/frontier-tiny.yaml", {"runs-dir": runs_dir}, rows)
+    (first,) = Path(runs_dir).glob("*-frontier-digits")
+    assert attacked == ["singularized-tau1e-2", "instahide-inside-k4"]
+    assert [p.name for p in (first / "attacks").iterdir()] == ["singularized-tau1e-2.pt"]  # nothing half-written
+
+    stop_at, attacked[:] = None, []
+    summary = frontier.run_frontier("configs/frontier-tiny.yaml", {"runs-dir": runs_dir}, rows, reuse=first)
+    assert attacked == ["instahide-inside-k4"]  # the finished row's attacks came back from the first directory
+    assert "Attacks reused from there (same settings and plan): 1." in summary["meta"]["budget"]
+    tau = next(r for r in summary["records"] if r["strategy"] == "singularized-tau1e-2")
+    assert tau["attack"] in ("averaging", "mmse") and tau["gain_snr_db"] > 0
+    assert {a["attack"] for a in summary["attacks"] if a["strategy"] == tau["strategy"]} == {
+        "trivial guess", "abs-solve", "averaging", "linear", "mmse"}
+
+    attacked[:] = []  # another attack budget: every row is attacked again, from the second directory
+    frontier.run_frontier("configs/frontier-tiny.yaml", {"runs-dir": runs_dir}, {**rows, "attacks": "mmse,averaging"},
+                          reuse=summary["run-dir"])
+    assert attacked == ["singularized-tau1e-2", "instahide-inside-k4"]
+
+
 def test_frontiers_at_several_seeds_report_mean_and_interval(tmp_path):
     """No training: two rows at three seeds, each run_frontier summary made up."""
     from commands.frontier.report import over_seeds, write_seeds

@@ -303,6 +303,7 @@ def reused_runs(reuse: Path, rows: list[Row], row_settings: list[Settings], plan
     earlier = {}
     for path in sorted((reuse / "runs").glob("*/results.json")):  # time-stamped names: the latest run wins
         results = json.loads(path.read_text())
+        results["run-dir"] = str(path.parent.resolve())  # where it is now, whatever it was called when it ran
         earlier[results.get("settings", {}).get("run-name")] = results
     out = {}
     for i, (row, settings) in enumerate(zip(rows, row_settings)):
@@ -320,6 +321,44 @@ def reused_runs(reuse: Path, rows: list[Row], row_settings: list[Settings], plan
             continue
         out[i] = results
     return out
+
+
+def _attack_scope(settings: Settings, plan: FrontierPlan) -> dict:
+    """What a row's attacks depend on besides its trained run: its settings and the plan, less the row list."""
+    from fedsmix.config import dump_settings
+
+    return json.loads(json.dumps({"settings": dump_settings(settings),
+                                  "plan": plan.model_dump(mode="json", by_alias=True, exclude={"rows"})}))
+
+
+def save_attacks(run_dir: Path, row: Row, settings: Settings, plan: FrontierPlan, best: dict, every: list[dict],
+                 x_hat: torch.Tensor) -> None:
+    """A row's attack records as soon as they exist (`attacks/<row>.pt`), so that a stopped attack phase keeps
+    the rows it finished: `--reuse` of this directory takes them back."""
+    path = run_dir / "attacks" / f"{row.name}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save({"scope": json.dumps(_attack_scope(settings, plan)), "best": json.dumps(best),
+                "every": json.dumps(every), "x_hat": x_hat.detach().cpu()}, partial)
+    partial.replace(path)
+
+
+def earlier_attacks(reuse: Path, row: Row, settings: Settings, plan: FrontierPlan):
+    """(best, every, x_hat) of a reused row's attacks in the earlier frontier, or None where they must run again:
+    none saved, or the row's settings or the plan's attack keys changed (named)."""
+    from server.resume import changed_settings
+
+    path = reuse / "attacks" / f"{row.name}.pt"
+    if not path.is_file():
+        return None
+    saved = torch.load(path, weights_only=True)
+    stored, now = json.loads(saved["scope"]), _attack_scope(settings, plan)["plan"]
+    changed = changed_settings(stored["settings"], settings) + sorted(
+        k for k in set(stored["plan"]) | set(now) if stored["plan"].get(k) != now.get(k))
+    if changed:
+        print(f"  {row.name}: attacked again, {', '.join(changed)} changed", flush=True)
+        return None
+    return json.loads(saved["best"]), json.loads(saved["every"]), saved["x_hat"]
 
 
 def feature_budget(rows: list[Row], row_settings: list[Settings]) -> str:
@@ -349,21 +388,34 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
     if reused:
         print(f"fedsmix frontier: reusing {len(reused)} finished row(s) of {reuse}: "
               f"{', '.join(rows[i].name for i in reused)}", flush=True)
+    for results in reused.values():  # linked, so that this directory can be reused in turn
+        link = run_dir / "runs" / Path(results["run-dir"]).name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(results["run-dir"], target_is_directory=True)
     todo = [i for i in range(len(rows)) if i not in reused]
     fresh = iter(simulate_each([row_settings[i] for i in todo], plan.parties) if todo else [])
     runs = [reused[i] if i in reused else next(fresh) for i in range(len(rows))]
 
     where = spaces(base, rows, row_settings, plan)
     records, attacks, panels, cache = [], [], {}, {}
-    for row, settings, run in zip(rows, row_settings, runs):
+    attacks_reused = []
+    for i, (row, settings, run) in enumerate(zip(rows, row_settings, runs)):
         result = run.get("strategies", {}).get(row.strategy, {})
-        space = where[row.space]
-        vict, public, prior = space.vict, space.public, space.blind.mean
-        to_unit = to_unit_for(settings, vict)
-        cases = row_cases(row, settings, run, vict, prior, plan)
-        outcome = attack_row(row, settings, cases, public, space.blind, to_unit, plan, cache)
-        info = cases[0].info if cases else {}
-        (best, x_hat), every = row_leakage(outcome, vict, space.blind, to_unit, info)
+        saved = earlier_attacks(Path(reuse).expanduser(), row, settings, plan) if i in reused else None
+        if saved is None:
+            space = where[row.space]
+            vict, public, prior = space.vict, space.public, space.blind.mean
+            to_unit = to_unit_for(settings, vict)
+            cases = row_cases(row, settings, run, vict, prior, plan)
+            outcome = attack_row(row, settings, cases, public, space.blind, to_unit, plan, cache)
+            info = cases[0].info if cases else {}
+            (best, x_hat), every = row_leakage(outcome, vict, space.blind, to_unit, info)
+        else:
+            best, every, x_hat = saved
+            attacks_reused.append(row.name)
+            print(f"  {row.name}: attacks reused from {reuse}", flush=True)
+        save_attacks(run_dir, row, settings, plan, best, every, x_hat)
         measured = result.get("mean-bytes-up-per-party", 0.0)
         base_record = {
             "strategy": row.name,
@@ -417,6 +469,7 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
             f"oracle pairing (the attacker is handed W, the pairing and r; for mixcon rows, h's weights). "
             f"{feature_budget(rows, row_settings)}"
             f"{f'Rows reused from {reuse} (run there, same settings): {len(reused)}. ' if reused else ''}"
+            f"{f'Attacks reused from there (same settings and plan): {len(attacks_reused)}. ' if attacks_reused else ''}"
             f"Total wall time {time.perf_counter() - t_start:.0f} s."
         ),
     }
