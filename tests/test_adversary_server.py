@@ -143,6 +143,11 @@ def test_attack_command_writes_the_sweep_tables_and_figures(tmp_path, data_dir):
         gains = {name: entry["gain"]["snr_db"] for name, entry in record["attacks"].items()}
         assert record["strongest"] == max(gains, key=gains.get) == row["strongest_attack"]
         assert f"| {record['strongest']} ({gains[record['strongest']]:+.2f}) |" in table
+        # beside it, the guess of an oracle that knows the victims' mean but no victim: population, not samples
+        over = record["attacks"][record["strongest"]]["score"]["snr_mean"] - record["victims-mean-snr"]
+        assert float(row["strongest_over_victims_mean_db"]) == pytest.approx(over, abs=1e-4)
+        assert record["victims-mean-snr"] > record["trivial"]["snr_mean"]  # the public mean is not the digits'
+    assert "| victims' mean (oracle guess) | strongest − victims' mean |" in table
     for record in sweep["taus"]:  # each learned attack: its curve on the victims, its epoch, its checkpoint
         for name in ("unet", "refined"):
             fit = record[f"{name}-training"]

@@ -236,6 +236,7 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
             "tau": tau, **calibration_summary(calibrations, [part.party for part, _ in cases]),
             **report, "mixed": mixed.as_dict(), "seconds": seconds,
             "strongest": outcome.best(),  # the leakage cell: the attack with the highest SNR gain, named
+            "victims-mean-snr": victims_mean_snr(x),
             "theorem41": outcome.summary.get("theorem41", {}),
             "paper": {"linear": paper_value(PAPER_LINEAR, settings.dataset, tau) if pixels else None,
                       "unet": paper_value(PAPER_UNET, settings.dataset, tau) if pixels else None},
@@ -265,6 +266,21 @@ def run_sweep(settings: Settings, taus, attacks, victims: int, out_dir: Path, de
     result["files"] = write_sweep_tables(out_dir, result) + write_sweep_figures(out_dir, result, panels, best, to_unit)
     atomic_write_json(out_dir / f"{label}-sweep.json", result)
     return result
+
+
+def victims_mean_snr(x: torch.Tensor) -> float:
+    """SNR of the victims' own mean sample guessed for every victim: an oracle's blind guess that knows the
+    population but no individual (what averaging many uploads can teach an attacker; the frontier's party mean).
+    An attack that does not beat it has learnt the data set, not its samples."""
+    return float(snr_db(x, x.mean(dim=0, keepdim=True).expand_as(x)).mean())
+
+
+def over_victims_mean(rec: dict) -> float | None:
+    """The strongest attack's SNR minus the victims' mean guess's (None: no attack, or a sweep from before)."""
+    name = rec.get("strongest")
+    if not name or rec.get("victims-mean-snr") is None:
+        return None
+    return rec["attacks"][name]["score"]["snr_mean"] - rec["victims-mean-snr"]
 
 
 def calibration_summary(calibrations: list, parties: list[int]) -> dict:
@@ -299,6 +315,8 @@ def csv_rows(result: dict) -> list[dict]:
         for name, t41 in rec["theorem41"].items():
             row.update({f"thm41_{name}_{k}": v for k, v in t41.items()})
         row["strongest_attack"], row["strongest_gain_snr_db"] = rec.get("strongest"), strongest_gain(rec)
+        row["victims_mean_snr_db"], row["strongest_over_victims_mean_db"] = rec.get("victims-mean-snr"), \
+            over_victims_mean(rec)
         row["threat_model"] = result.get("pairing", "oracle")
         if "pairing" in rec:
             row.update({k.replace("-", "_"): v for k, v in rec["pairing"].items()})
@@ -336,6 +354,8 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
         columns += [(f"lpips_{n}", f"gain ST-LPIPS {n}") for n in names]
     if len(names) > 1:
         columns += [("strongest", "strongest attack (gain dB)")]
+    if result["taus"] and result["taus"][0].get("victims-mean-snr") is not None:
+        columns += [("victims_mean", "victims' mean (oracle guess)"), ("over_mean", "strongest − victims' mean")]
     if "linear" in names:
         columns += [("t41", "Thm 4.1: r²T / linear error (median)")]
     rows = []
@@ -353,6 +373,8 @@ def markdown_rows(result: dict) -> tuple[list[dict], list[tuple[str, str]]]:
             row[f"gain_{name}"] = signed(entry.get("gain", {}).get("snr_db"))
             row[f"lpips_{name}"] = signed(entry.get("gain", {}).get("st_lpips"), 3)
         row["strongest"] = f"{rec['strongest']} ({signed(strongest_gain(rec))})" if rec.get("strongest") else "-"
+        row["victims_mean"] = pm(rec.get("victims-mean-snr"))
+        row["over_mean"] = signed(over_victims_mean(rec))
         if "linear" in rec["theorem41"]:
             t41 = rec["theorem41"]["linear"]
             row["t41"] = f"{t41['bound-median']:.3g} / {t41['error-median']:.3g}"
