@@ -15,7 +15,7 @@ from fedsmix.space import load_public_pool
 from server.adversary.base import Observation
 from server.adversary.cases import observation
 from server.adversary.linear import LinearAttack
-from server.adversary.mmse import GaussianPrior, MMSEAttack
+from server.adversary.mmse import GaussianPrior, MMSEAttack, UploadCentredMMSE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -55,6 +55,26 @@ def test_mmse_error_matches_its_analytic_posterior_error_on_data_from_the_prior(
     assert measured.mean() <= trivial.mean()
     if radius == 0:
         assert measured.max() < 1e-6 * prior.total_variance()  # no noise: W^-1 X~, up to float32 rounding
+
+
+def test_the_upload_centred_prior_gains_where_public_and_private_means_differ(prior):
+    """Private samples drawn around another mean than the public prior's: centred on the upload, the MMSE attack
+    errs less at every radius (most where the noise is large and the mean is all it can recover), and where the
+    means agree it errs no more than the public-centred attack (the shrinkage keeps the public mean)."""
+    g = torch.Generator().manual_seed(2)
+    shift = torch.linspace(-3, 3, 24).view(1, 1, 4, 6)
+    for radius in (1.0, 30.0, 300.0):
+        errors = {}
+        for offset in (shift, 0 * shift):
+            x = (prior.sample(400, g) + offset).float()
+            enc = singularized_mixup(x, torch.zeros(400, 2), 0.7, radius, g)
+            obs = Observation(enc.x, 400, enc.weights, enc.sources, radius)
+            flat = x.reshape(400, -1).double()
+            for attack in (MMSEAttack(prior), UploadCentredMMSE(prior)):
+                estimate = attack.reconstruct(obs).reshape(400, -1).double()
+                errors[attack.name, bool(offset.abs().sum() > 0)] = float((flat - estimate).pow(2).sum(1).mean())
+        assert errors["mmse-centred", True] < (0.8 if radius >= 30 else 1.0) * errors["mmse", True], (radius, errors)
+        assert errors["mmse-centred", False] <= 1.02 * errors["mmse", False], (radius, errors)
 
 
 def test_mmse_noise_covariance_is_theorem41s():

@@ -108,7 +108,7 @@ def test_tiny_frontier_writes_table_csv_and_plot(runs_dir):
     by_row = {name: {a["attack"] for a in attacks if a["strategy"] == name} for name in rows}
     assert by_row["fedavg"] == {"trivial guess", "gradient", "gradient-realistic"}
     assert by_row["instahide-inside-k4"] == {"trivial guess", "abs-solve", "averaging"}
-    assert by_row["singularized-tau1e-2"] == {"trivial guess", "abs-solve", "averaging", "linear", "mmse"}
+    assert by_row["singularized-tau1e-2"] == {"trivial guess", "abs-solve", "averaging", "linear", "mmse", "mmse-centred"}
     gradient = next(a for a in attacks if a["attack"] == "gradient")
     assert gradient["batch_size"] == "2" and gradient["local_steps"] == "1"
     instahide = next(r for r in table if r["strategy"] == "instahide-inside-k4")
@@ -240,9 +240,9 @@ def test_a_stopped_attack_phase_keeps_the_rows_it_attacked(runs_dir, monkeypatch
     assert attacked == ["instahide-inside-k4"]  # the finished row's attacks came back from the first directory
     assert "Attacks reused from there (same settings and plan): 1." in summary["meta"]["budget"]
     tau = next(r for r in summary["records"] if r["strategy"] == "singularized-tau1e-2")
-    assert tau["attack"] in ("averaging", "mmse") and tau["gain_snr_db"] > 0
+    assert tau["attack"] in ("averaging", "mmse", "mmse-centred") and tau["gain_snr_db"] > 0
     assert {a["attack"] for a in summary["attacks"] if a["strategy"] == tau["strategy"]} == {
-        "trivial guess", "abs-solve", "averaging", "linear", "mmse"}
+        "trivial guess", "abs-solve", "averaging", "linear", "mmse", "mmse-centred"}
 
     attacked[:] = []  # another attack budget: every row is attacked again, from the second directory
     frontier.run_frontier("configs/frontier-tiny.yaml", {"runs-dir": runs_dir}, {**rows, "attacks": "mmse,averaging"},

@@ -23,7 +23,7 @@ import torch
 
 from .abs_solve import recover_signs
 from .base import Attack, Observation
-from .mixing import linear_problem, prior_mean
+from .mixing import linear_problem, prior_mean, upload_mean
 
 
 class Averaging(Attack):
@@ -46,7 +46,7 @@ class Averaging(Attack):
         residual = y - system.public_part  # = A x (+ noise)
         mass = system.private_mass  # (m, 1)
         noise2 = self._noise_power(obs, system.weights)  # (m,) squared norm of the noise per row
-        mu = self._mean(residual, mass, noise2, prior_mean(obs, d))
+        mu = upload_mean(residual, mass, noise2, prior_mean(obs, d))
         w2_row = system.power()  # (m,)
         spread = (residual - mass * mu).pow(2).sum(dim=1)
         V = float(((spread - noise2).mean() / w2_row.mean().clamp_min(1e-12)).clamp_min(1e-12))  # E||x - mu||^2
@@ -66,15 +66,6 @@ class Averaging(Attack):
         shrink = (V / (V + 1 / S[seen])).unsqueeze(1)  # Wiener: trust the average as far as it beats the mean
         x[seen] = mu + shrink * (average - mu)
         return x.clamp(lo, hi).reshape(n, *obs.sample_shape).float()
-
-    @staticmethod
-    def _mean(residual: torch.Tensor, mass: torch.Tensor, noise2: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
-        """The private mean from the uploads, shrunk towards the public prior as far as noise corrupts it."""
-        total = mass.sum().clamp_min(1e-12)
-        upload_mean = residual.sum(dim=0, keepdim=True) / total
-        error = float(noise2.sum() / total**2)
-        signal = max(float((upload_mean - prior).pow(2).sum()) - error, 0.0)
-        return prior + (signal / (signal + error) if signal + error > 0 else 1.0) * (upload_mean - prior)
 
     @staticmethod
     def _noise_power(obs: Observation, weights: torch.Tensor) -> torch.Tensor:

@@ -143,6 +143,17 @@ def prior_mean(obs: Observation, d: int, dtype: torch.dtype = torch.float64) -> 
     return mean.reshape(1, d).to(dtype)
 
 
+def upload_mean(residual: torch.Tensor, mass: torch.Tensor, noise2: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+    """The private samples' mean read off the uploads (residual = A x + noise, row i carrying mass_i of private
+    weight and noise of squared norm noise2_i), shrunk towards the public prior as far as noise corrupts it: what
+    averaging many encodings teaches about the data set, not about any one sample."""
+    total = mass.sum().clamp_min(1e-12)
+    mean = residual.sum(dim=0, keepdim=True) / total
+    error = float(noise2.sum() / total**2)
+    signal = max(float((mean - prior).pow(2).sum()) - error, 0.0)
+    return prior + (signal / (signal + error) if signal + error > 0 else 1.0) * (mean - prior)
+
+
 def box_least_squares(
     system: MixingSystem,
     target: torch.Tensor,

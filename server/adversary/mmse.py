@@ -20,7 +20,7 @@ Sherman-Morrison correction, O(L) per direction. The eigendecompositions remain 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from fedsmix.metrics import cycles
 
 from .base import Attack, Observation
 from .linear import _bound
+from .mixing import upload_mean
 
 DENSE_LIMIT = 8192  # up to this many dimensions the sample covariance is eigendecomposed exactly
 SMALL_CYCLE = 16  # cycles up to this length are solved densely (fixed points and 2-cycles included)
@@ -268,3 +269,22 @@ def _posterior_var(gamma: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """gamma lambda / (gamma + lambda), written so that neither a huge gamma nor lambda = 0 cancels."""
     total = gamma + lam
     return torch.where(total > 0, gamma * lam / total.clamp_min(1e-300), torch.zeros_like(total))
+
+
+class UploadCentredMMSE(MMSEAttack):
+    """The MMSE attack with its prior's mean read off the upload itself (empirical Bayes): the public prior's
+    covariance, centred on the private samples' mean that the encodings give away on average (each row carries
+    w_1 + w_2 of it; the noise averages out over n rows, and the estimate is shrunk towards the public mean as far
+    as it does not). Where the public data differ from the private (grey Tiny-ImageNet against MNIST's black
+    backgrounds) a public-centred prior starts every estimate far from the data set."""
+
+    name = "mmse-centred"
+    threat_model = ("knows W and the radius; Gaussian prior: covariance from public data, mean re-estimated from "
+                    "the upload")
+
+    def _setup(self, obs: Observation) -> tuple[torch.Tensor, int, int, GaussianPrior, torch.Tensor]:
+        perm, n, d, prior, w = super()._setup(obs)
+        noise2 = (w[:, 1] * float(obs.radius)).pow(2)  # ||w_i2 e_i||^2 with ||e_i|| = r
+        mean = upload_mean(obs.x_tilde.reshape(n, d).to(torch.float64), w.sum(dim=1, keepdim=True), noise2,
+                           prior.mean.reshape(1, d))
+        return perm, n, d, replace(prior, mean=mean.reshape(d)), w

@@ -54,6 +54,12 @@ def _mmse(settings: Settings, public: torch.Tensor, **options) -> Attack:
     return MMSEAttack(gaussian_prior(public, **options))
 
 
+def _mmse_centred(settings: Settings, public: torch.Tensor, **options) -> Attack:
+    from .mmse import UploadCentredMMSE
+
+    return UploadCentredMMSE(gaussian_prior(public, **options))
+
+
 def _unet(settings: Settings, public: torch.Tensor, device: str = "cpu", **_) -> Attack:
     from fedsmix.party import encoder_params
 
@@ -173,6 +179,7 @@ UPLOADS = ("singularized", "mixup", "instahide-inside", "instahide-cross", "none
 REPRESENTATIONS = ("mixcon", "backbone-features")
 ATTACKS.add("linear", AttackSpec("linear", ("singularized", "mixup"), _linear))
 ATTACKS.add("mmse", AttackSpec("mmse", ("singularized",), _mmse, needs_public=True))
+ATTACKS.add("mmse-centred", AttackSpec("mmse-centred", ("singularized",), _mmse_centred, needs_public=True))
 ATTACKS.add("unet", AttackSpec("unet", ("singularized",), _unet, needs_public=True, needs_image=True))
 ATTACKS.add("refined", AttackSpec("refined", ("singularized",), _refined, needs_public=True))
 ATTACKS.add("abs-solve", AttackSpec("abs-solve", UPLOADS, _abs_solve))
@@ -209,7 +216,7 @@ def build_attacks(names, settings: Settings, public: torch.Tensor | None, sample
                   **options) -> tuple[dict[str, Attack], dict[str, str]]:
     """The named attacks, and for each one that cannot be built here, why (never silently)."""
     attacks, skipped = {}, {}
-    if public is not None and "prior" not in options and len({"mmse", "refined"} & set(names)) > 1:
+    if public is not None and "prior" not in options and len({"mmse", "mmse-centred", "refined"} & set(names)) > 1:
         options["prior"] = gaussian_prior(public, **options)  # one fit for every attack that reads it
     for name in names:
         try:
