@@ -213,8 +213,8 @@ class FrontierPlan(BaseModel):
     )
     #: attacks tried on every row they apply to (server/adversary/registry.py); the U-Net trains per
     #: radius on public data, so it joins only when named
-    attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "mmse-centred", "gradient", "gradient-realistic",
-                                "inversion", "inversion-decoder")
+    attacks: tuple[str, ...] = ("abs-solve", "averaging", "linear", "mmse", "mmse-centred", "gradient",
+                                "gradient-realistic", "inversion", "inversion-decoder")
 
     @field_validator("rows", "reencoding", "attacks", "gradient_study", "inversion_tv", "gradient_tv", mode="before")
     @classmethod
