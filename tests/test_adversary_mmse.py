@@ -15,6 +15,7 @@ from fedsmix.space import load_public_pool
 from server.adversary.base import Observation
 from server.adversary.cases import observation
 from server.adversary.linear import LinearAttack
+from server.adversary.mixing import upload_mean
 from server.adversary.mmse import GaussianPrior, MMSEAttack, UploadCentredMMSE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -63,7 +64,7 @@ def test_the_upload_centred_prior_gains_where_public_and_private_means_differ(pr
     means agree it errs no more than the public-centred attack (the shrinkage keeps the public mean)."""
     g = torch.Generator().manual_seed(2)
     shift = torch.linspace(-3, 3, 24).view(1, 1, 4, 6)
-    for radius in (1.0, 30.0, 300.0):
+    for radius in (1.0, 30.0, 300.0, 1e5):
         errors = {}
         for offset in (shift, 0 * shift):
             x = (prior.sample(400, g) + offset).float()
@@ -73,8 +74,25 @@ def test_the_upload_centred_prior_gains_where_public_and_private_means_differ(pr
             for attack in (MMSEAttack(prior), UploadCentredMMSE(prior)):
                 estimate = attack.reconstruct(obs).reshape(400, -1).double()
                 errors[attack.name, bool(offset.abs().sum() > 0)] = float((flat - estimate).pow(2).sum(1).mean())
-        assert errors["mmse-centred", True] < (0.8 if radius >= 30 else 1.0) * errors["mmse", True], (radius, errors)
+        if radius > 1e4:  # the upload's mean is noise: keep the public one rather than shrink noise into it
+            assert errors["mmse-centred", True] <= 1.001 * errors["mmse", True], (radius, errors)
+        else:
+            assert errors["mmse-centred", True] < (0.8 if radius >= 30 else 1.0) * errors["mmse", True], (radius, errors)
         assert errors["mmse-centred", False] <= 1.02 * errors["mmse", False], (radius, errors)
+
+
+def test_the_upload_mean_keeps_the_public_mean_where_the_uploads_show_only_noise():
+    """784 coordinates, 1,000 rows whose noise buries a private mean 0.01 from the public one: a mean shrunk
+    whenever the noise happens to look like signal errs more than the public mean; kept unless the evidence clears
+    the noise's own spread, it errs no more. Where the private mean stands out it is still read off."""
+    g = torch.Generator().manual_seed(3)
+    d, n = 784, 1000
+    prior, mass, noise2 = torch.zeros(1, d, dtype=torch.float64), torch.ones(n, 1, dtype=torch.float64), \
+        torch.full((n,), 1e4, dtype=torch.float64)
+    for offset, most in ((0.01, d * 0.01**2), (0.3, 0.5 * d * 0.3**2)):  # the public mean's error; half of it
+        errors = [float((upload_mean(torch.randn(n, d, generator=g, dtype=torch.float64) * (1e4 / d) ** 0.5 + offset,
+                                     mass, noise2, prior) - offset).pow(2).sum()) for _ in range(40)]
+        assert np.mean(errors) <= most + 1e-12, (offset, np.mean(errors))
 
 
 def test_mmse_noise_covariance_is_theorem41s():

@@ -149,9 +149,11 @@ def upload_mean(residual: torch.Tensor, mass: torch.Tensor, noise2: torch.Tensor
     averaging many encodings teaches about the data set, not about any one sample."""
     total = mass.sum().clamp_min(1e-12)
     mean = residual.sum(dim=0, keepdim=True) / total
-    error = float(noise2.sum() / total**2)
-    signal = max(float((mean - prior).pow(2).sum()) - error, 0.0)
-    return prior + (signal / (signal + error) if signal + error > 0 else 1.0) * (mean - prior)
+    error = float(noise2.sum() / total**2)  # E||noise in the mean||^2; it spreads over d coordinates
+    signal = float((mean - prior).pow(2).sum()) - error
+    if signal <= 3 * error * (2 / mean.shape[1]) ** 0.5:  # within 3 sd of noise alone: no evidence, keep the prior
+        return prior.expand_as(mean).clone() if error > 0 else mean
+    return prior + signal / (signal + error) * (mean - prior)
 
 
 def box_least_squares(
