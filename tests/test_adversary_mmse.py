@@ -77,7 +77,8 @@ def test_the_upload_centred_prior_gains_where_public_and_private_means_differ(pr
         if radius > 1e4:  # the upload's mean is noise: keep the public one rather than shrink noise into it
             assert errors["mmse-centred", True] <= 1.001 * errors["mmse", True], (radius, errors)
         else:
-            assert errors["mmse-centred", True] < (0.8 if radius >= 30 else 1.0) * errors["mmse", True], (radius, errors)
+            factor = 0.8 if radius >= 30 else 1.0
+            assert errors["mmse-centred", True] < factor * errors["mmse", True], (radius, errors)
         assert errors["mmse-centred", False] <= 1.02 * errors["mmse", False], (radius, errors)
 
 

@@ -108,7 +108,8 @@ def test_tiny_frontier_writes_table_csv_and_plot(runs_dir):
     by_row = {name: {a["attack"] for a in attacks if a["strategy"] == name} for name in rows}
     assert by_row["fedavg"] == {"trivial guess", "gradient", "gradient-realistic"}
     assert by_row["instahide-inside-k4"] == {"trivial guess", "abs-solve", "averaging"}
-    assert by_row["singularized-tau1e-2"] == {"trivial guess", "abs-solve", "averaging", "linear", "mmse", "mmse-centred"}
+    assert by_row["singularized-tau1e-2"] == {"trivial guess", "abs-solve", "averaging", "linear", "mmse",
+                                              "mmse-centred"}
     gradient = next(a for a in attacks if a["attack"] == "gradient")
     assert gradient["batch_size"] == "2" and gradient["local_steps"] == "1"
     instahide = next(r for r in table if r["strategy"] == "instahide-inside-k4")

@@ -448,6 +448,8 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
         ", chosen on a public probe batch" if len(plan.gradient_tv) > 1 else "")
     attacked_round = ("first-round update (initial model)" if plan.gradient_round == "first"
                       else f"round-{base.rounds + 1} update (the row's trained global model)")
+    attacks_note = (f"Attacks reused from there (same settings and plan): {len(attacks_reused)}. "
+                    if attacks_reused else "")
     meta = {
         "dataset": base.dataset,
         "threat-model": threat_model(base),
@@ -469,7 +471,7 @@ def run_frontier(preset: str, overrides: dict | None = None, plan_overrides: dic
             f"oracle pairing (the attacker is handed W, the pairing and r; for mixcon rows, h's weights). "
             f"{feature_budget(rows, row_settings)}"
             f"{f'Rows reused from {reuse} (run there, same settings): {len(reused)}. ' if reused else ''}"
-            f"{f'Attacks reused from there (same settings and plan): {len(attacks_reused)}. ' if attacks_reused else ''}"
+            f"{attacks_note}"
             f"Total wall time {time.perf_counter() - t_start:.0f} s."
         ),
     }
