@@ -136,6 +136,7 @@ def test_protocols_and_apps_never_import_the_commands_or_the_clients():
 
 
 def test_the_attack_factory_fills_the_schemas_list_of_attacks():
-    assert ATTACKS.names()[:3] == ("linear", "mmse", "unet") and ATTACKS["mmse"].needs_public
-    assert applicable("singularized") == ("linear", "mmse", "unet", "refined", "abs-solve", "averaging")
+    assert ATTACKS.names()[:3] == ("linear", "mmse", "mmse-centred") and ATTACKS["mmse-centred"].needs_public
+    assert applicable("singularized") == ("linear", "mmse", "mmse-centred", "unet", "refined", "abs-solve",
+                                          "averaging")
     assert applicable("fedprox") == ("gradient", "gradient-realistic") and applicable("local-only") == ()
