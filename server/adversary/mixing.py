@@ -152,7 +152,7 @@ def upload_mean(residual: torch.Tensor, mass: torch.Tensor, noise2: torch.Tensor
     error = float(noise2.sum() / total**2)  # E||noise in the mean||^2; it spreads over d coordinates
     signal = float((mean - prior).pow(2).sum()) - error
     if signal <= 3 * error * (2 / mean.shape[1]) ** 0.5:  # within 3 sd of noise alone: no evidence, keep the prior
-        return prior.expand_as(mean).clone() if error > 0 else mean
+        return prior.expand_as(mean).clone()
     return prior + signal / (signal + error) * (mean - prior)
 
 
