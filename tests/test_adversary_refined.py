@@ -9,8 +9,8 @@ from fedsmix.encoders import EncoderParams, encode
 from fedsmix.metrics import snr_db
 from fedsmix.seeding import generator
 from server.adversary.base import Observation
-from server.adversary.mmse import GaussianPrior, MMSEAttack
-from server.adversary.refined import RefinedMMSE, refiner
+from server.adversary.mmse import GaussianPrior, MMSEAttack, UploadCentredMMSE
+from server.adversary.refined import RefinedCentredMMSE, RefinedMMSE, refiner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,6 +47,26 @@ def test_where_the_data_is_not_gaussian_the_refined_attack_beats_the_mmse_estima
     report = attack.report
     assert report["chosen-epoch"] >= 1 and report["initial-holdout-snr"] < max(report["holdout-snr"])
     assert refined > mmse + 1.0, (refined, mmse)
+
+
+def test_where_the_victims_mean_is_not_the_publics_the_centred_refinement_errs_less():
+    """Victims from the public clusters moved by a fixed offset (another data set's mean): `refined-centred` starts
+    from the estimate centred on the upload's own mean and beats `refined`, which starts from the public mean; it
+    also beats `mmse-centred`, the estimate it starts from. Both refiners are trained on the same public
+    encodings alike."""
+    public, radius = clusters(3000, seed=1), 60.0
+    victims = clusters(400, seed=2) + torch.linspace(-2, 2, 32)
+    prior = GaussianPrior.fit(public, rank=32)
+    obs = upload(victims, radius, seed=3)
+    snr = {}
+    for attack in (RefinedMMSE(public, EncoderParams(), prior, width=4, epochs=4, train_size=3000, lr=3e-3),
+                   RefinedCentredMMSE(public, EncoderParams(), prior, width=4, epochs=4, train_size=3000, lr=3e-3),
+                   UploadCentredMMSE(prior)):
+        if isinstance(attack, RefinedMMSE):
+            attack.fit(radius)
+        snr[attack.name] = float(snr_db(victims, attack.reconstruct(obs)).mean())
+    assert snr["refined-centred"] > snr["refined"] + 1.0, snr
+    assert snr["refined-centred"] > snr["mmse-centred"] + 1.0, snr
 
 
 def test_the_refined_attack_needs_the_mixing_matrix():

@@ -137,6 +137,6 @@ def test_protocols_and_apps_never_import_the_commands_or_the_clients():
 
 def test_the_attack_factory_fills_the_schemas_list_of_attacks():
     assert ATTACKS.names()[:3] == ("linear", "mmse", "mmse-centred") and ATTACKS["mmse-centred"].needs_public
-    assert applicable("singularized") == ("linear", "mmse", "mmse-centred", "unet", "refined", "abs-solve",
-                                          "averaging")
+    assert applicable("singularized") == ("linear", "mmse", "mmse-centred", "unet", "refined",
+                                          "refined-centred", "abs-solve", "averaging")
     assert applicable("fedprox") == ("gradient", "gradient-realistic") and applicable("local-only") == ()

@@ -8,7 +8,9 @@ attacker drew the public pairing and weights itself), and trains a network to ma
 to the original, as a residual on the estimate whose last layer starts at zero (an untrained refiner is the
 MMSE attack). Images: the U-Net on both stacked as channels; feature vectors: an MLP on both concatenated.
 Loss: mean squared error (the score is an SNR). At attack time the estimate comes from the victims' upload with
-their W (oracle or recovered pairing), exactly as the MMSE attack computes it.
+their W (oracle or recovered pairing), exactly as the MMSE attack computes it. `refined-centred` starts from the
+`mmse-centred` estimate instead (the prior's mean read off each upload: the public one for the attacker's own
+encodings, the victims' for theirs).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from fedsmix.encoders import EncoderParams
 from fedsmix.models import UNet
 
 from .base import Observation
-from .mmse import GaussianPrior, MMSEAttack, permutation_of
+from .mmse import GaussianPrior, MMSEAttack, UploadCentredMMSE, permutation_of
 from .unet import UNetAttack
 
 
@@ -67,10 +69,11 @@ class RefinedMMSE(UNetAttack):
     threat_model = ("knows W and the radius, holds public images: the MMSE estimate, refined by a network trained on "
                     "the attacker's own encodings of public samples")
     images_only = False
+    estimator = MMSEAttack  # where the refinement starts
 
     def __init__(self, public: torch.Tensor, encoder: EncoderParams, prior: GaussianPrior, **options):
         super().__init__(public, encoder, **options)
-        self.mmse = MMSEAttack(prior, clamp=False)  # the network sees the unclamped estimate, here as at attack time
+        self.mmse = self.estimator(prior, clamp=False)  # the network sees the unclamped estimate, as at attack time
 
     def encoded_pairs(self, originals: torch.Tensor, enc, radius: float) -> tuple[torch.Tensor, torch.Tensor]:
         public_upload = Observation(x_tilde=enc.x, n_private=len(originals), weights=enc.weights,
@@ -90,3 +93,10 @@ class RefinedMMSE(UNetAttack):
     @staticmethod
     def stacked(x_tilde: torch.Tensor, estimate: torch.Tensor) -> torch.Tensor:
         return torch.cat([x_tilde.float(), estimate.float()], dim=1)
+
+
+class RefinedCentredMMSE(RefinedMMSE):
+    name = "refined-centred"
+    threat_model = ("knows W and the radius, holds public images: the mmse-centred estimate (prior mean read off the "
+                    "upload), refined by a network trained on the attacker's own encodings of public samples")
+    estimator = UploadCentredMMSE

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -71,13 +72,15 @@ def _unet(settings: Settings, public: torch.Tensor, device: str = "cpu", **_) ->
     )
 
 
-def _refined(settings: Settings, public: torch.Tensor, device: str = "cpu", **options) -> Attack:
-    """The MMSE estimate refined by a network trained on public encodings (the U-Net's budget keys)."""
+def _refined(settings: Settings, public: torch.Tensor, device: str = "cpu", centred: bool = False,
+             **options) -> Attack:
+    """The MMSE (or mmse-centred) estimate refined by a network trained on public encodings (the U-Net's budget
+    keys)."""
     from fedsmix.party import encoder_params
 
-    from .refined import RefinedMMSE
+    from .refined import RefinedCentredMMSE, RefinedMMSE
 
-    return RefinedMMSE(
+    return (RefinedCentredMMSE if centred else RefinedMMSE)(
         public, encoder_params(settings, 0.0), gaussian_prior(public, **options), width=settings.unet_width,
         epochs=settings.unet_epochs, train_size=settings.unet_train_size, seed=settings.seed, device=device,
         select=settings.unet_select,
@@ -182,6 +185,8 @@ ATTACKS.add("mmse", AttackSpec("mmse", ("singularized",), _mmse, needs_public=Tr
 ATTACKS.add("mmse-centred", AttackSpec("mmse-centred", ("singularized",), _mmse_centred, needs_public=True))
 ATTACKS.add("unet", AttackSpec("unet", ("singularized",), _unet, needs_public=True, needs_image=True))
 ATTACKS.add("refined", AttackSpec("refined", ("singularized",), _refined, needs_public=True))
+ATTACKS.add("refined-centred", AttackSpec("refined-centred", ("singularized",), partial(_refined, centred=True),
+                                          needs_public=True))
 ATTACKS.add("abs-solve", AttackSpec("abs-solve", UPLOADS, _abs_solve))
 ATTACKS.add("averaging", AttackSpec("averaging", UPLOADS[:-1], _averaging))
 ATTACKS.add("gradient", AttackSpec("gradient", ("fedavg", "fedprox"), _gradient))
@@ -216,7 +221,8 @@ def build_attacks(names, settings: Settings, public: torch.Tensor | None, sample
                   **options) -> tuple[dict[str, Attack], dict[str, str]]:
     """The named attacks, and for each one that cannot be built here, why (never silently)."""
     attacks, skipped = {}, {}
-    if public is not None and "prior" not in options and len({"mmse", "mmse-centred", "refined"} & set(names)) > 1:
+    readers = {"mmse", "mmse-centred", "refined", "refined-centred"}
+    if public is not None and "prior" not in options and len(readers & set(names)) > 1:
         options["prior"] = gaussian_prior(public, **options)  # one fit for every attack that reads it
     for name in names:
         try:
