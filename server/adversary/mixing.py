@@ -9,6 +9,7 @@ InstaHide's sign recovery.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -143,17 +144,49 @@ def prior_mean(obs: Observation, d: int, dtype: torch.dtype = torch.float64) -> 
     return mean.reshape(1, d).to(dtype)
 
 
-def upload_mean(residual: torch.Tensor, mass: torch.Tensor, noise2: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+def upload_mean(residual: torch.Tensor, mass: torch.Tensor, noise2: torch.Tensor, prior: torch.Tensor,
+                basis: torch.Tensor | None = None) -> torch.Tensor:
     """The private samples' mean read off the uploads (residual = A x + noise, row i carrying mass_i of private
     weight and noise of squared norm noise2_i), shrunk towards the public prior as far as noise corrupts it: what
-    averaging many encodings teaches about the data set, not about any one sample."""
+    averaging many encodings teaches about the data set, not about any one sample.
+
+    Without `basis` the shift from the prior is judged whole (`_judged_whole`). With an orthonormal `basis` (d, k),
+    such as the public prior's principal directions, the shift's coordinates along it may instead be judged one by
+    one (kept above the universal threshold sqrt(2 ln k) noise deviations, then shrunk; the rest of the shift,
+    outside the basis, judged whole), whichever of the two rules has the lower estimated risk on this upload: a
+    shift that lives in a few smooth directions (MNIST's black background against grey public images) is read off
+    even where, spread over all d coordinates, the noise buries it, and a shift spread evenly is still shrunk
+    whole."""
     total = mass.sum().clamp_min(1e-12)
     mean = residual.sum(dim=0, keepdim=True) / total
-    error = float(noise2.sum() / total**2)  # E||noise in the mean||^2; it spreads over d coordinates
-    signal = float((mean - prior).pow(2).sum()) - error
-    if signal <= 3 * error * (2 / mean.shape[1]) ** 0.5:  # within 3 sd of noise alone: no evidence, keep the prior
-        return prior.expand_as(mean).clone()
-    return prior + signal / (signal + error) * (mean - prior)
+    d = mean.shape[1]
+    error = float(noise2.sum() / total**2)  # E||noise in the mean||^2, spread evenly over the d coordinates
+    shift = mean - prior
+    whole, whole_risk = _judged_whole(shift, error, d)
+    if basis is None:
+        return prior + whole
+    k = basis.shape[1]
+    coefficients = shift @ basis  # (1, k); the noise in each has variance error / d
+    variance, energy = error / d, coefficients.pow(2)
+    keep = energy > 2 * math.log(max(k, 2)) * variance
+    kept = torch.where(keep, coefficients * (1 - variance / energy.clamp_min(1e-300)), 0.0)
+    # estimated risk: the noise of each kept coordinate, and the unbiased energy of the dropped ones
+    risk = float(keep.sum()) * variance + max(float((energy - variance)[~keep].sum()), 0.0)
+    split = kept @ basis.T
+    if k < d:
+        rest, rest_risk = _judged_whole(shift - coefficients @ basis.T, error * (d - k) / d, d - k)
+        split, risk = split + rest, risk + rest_risk
+    return prior + (split if risk < whole_risk else whole)
+
+
+def _judged_whole(shift: torch.Tensor, error: float, dims: int) -> tuple[torch.Tensor, float]:
+    """A shift spread over `dims` dimensions whose noise has expected energy `error`: zero unless its energy
+    exceeds the noise's by 3 standard deviations of the noise's own energy (about error * sqrt(2 / dims)), else
+    shrunk by signal / (signal + noise); with the estimate's expected squared error (plug-in)."""
+    signal = float(shift.pow(2).sum()) - error
+    if signal <= 3 * error * (2 / max(dims, 1)) ** 0.5:
+        return torch.zeros_like(shift), max(signal, 0.0)
+    return signal / (signal + error) * shift, signal * error / (signal + error)
 
 
 def box_least_squares(

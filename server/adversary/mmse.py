@@ -286,5 +286,5 @@ class UploadCentredMMSE(MMSEAttack):
         perm, n, d, prior, w = super()._setup(obs)
         noise2 = (w[:, 1] * float(obs.radius)).pow(2)  # ||w_i2 e_i||^2 with ||e_i|| = r
         mean = upload_mean(obs.x_tilde.reshape(n, d).to(torch.float64), w.sum(dim=1, keepdim=True), noise2,
-                           prior.mean.reshape(1, d))
+                           prior.mean.reshape(1, d), basis=prior.basis)  # judged along the prior's directions
         return perm, n, d, replace(prior, mean=mean.reshape(d)), w
